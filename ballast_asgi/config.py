@@ -1,0 +1,366 @@
+"""Configuration: small frozen value objects, validated once at the edge.
+
+One ``GatewayConfig`` describes the whole stack. It is loaded from a YAML file
+(``BALLAST_CONFIG``), then the environment (``BALLAST_UPSTREAM``,
+``BALLAST_LIMITER``, ``BALLAST_FIXED_LIMIT``), then CLI flags, each layer
+overriding the one before. Unknown keys are errors. Every error is turned into
+one ``ConfigError`` line naming the key path and the allowed values.
+
+All durations are in milliseconds (``*_ms``); ratios are in [0, 1].
+The YAML may optionally nest everything under a top-level ``gateway:`` key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ballast_asgi.errors import ConfigError
+from ballast_asgi.priority import Priority, parse_priority_name
+
+LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
+LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradient2")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProxyConfig(_Frozen):
+    """The terminal proxy."""
+
+    #: Upstream timeout when the request has no deadline.
+    timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
+    connect_timeout_ms: int = Field(2_000, ge=1, le=600_000)
+    #: Larger request bodies get 413 without an upstream call.
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=0, le=2**34)
+    #: Which httpx transport the proxy uses by default.
+    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    max_connections: int = Field(1_000, ge=1, le=100_000)
+
+
+class AdmissionConfig(_Frozen):
+    """Deadline admission."""
+
+    #: Deadline given to requests without X-Deadline-Ms (None: no deadline).
+    default_deadline_ms: int | None = Field(None, ge=1, le=86_400_000)
+    #: Shed at admission a request whose budget is shorter than the minimum
+    #: service time or its tier's expected queue wait.
+    early_drop: bool = False
+
+
+class PriorityRule(_Frozen):
+    """Classify by method and path pattern (fnmatch-style, e.g. ``/api/admin/*``)."""
+
+    path: str = "*"
+    methods: tuple[str, ...] = ()
+    priority: Priority
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _tier(cls, v: Any) -> Any:
+        return parse_priority_name(str(v)) if not isinstance(v, Priority) else v
+
+
+class ConsumerConfig(_Frozen):
+    """Classify by consumer: an API-key header mapped to a tier."""
+
+    header: str = "x-api-key"
+    keys: dict[str, Priority] = Field(default_factory=dict)
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _tiers(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {str(k): parse_priority_name(str(t)) for k, t in v.items()}
+        return v
+
+
+class PriorityConfig(_Frozen):
+    """How a request's tier is chosen."""
+
+    default: Priority = Priority.STANDARD
+    #: Honour X-Priority from any client (demo setting).
+    trust_header: bool = True
+    #: Honour X-Priority only from these networks (when trust_header is false).
+    trusted_networks: tuple[str, ...] = ()
+    rules: tuple[PriorityRule, ...] = ()
+    consumers: ConsumerConfig = ConsumerConfig()
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _tier(cls, v: Any) -> Any:
+        return parse_priority_name(str(v)) if not isinstance(v, Priority) else v
+
+
+class AdmissionQueueConfig(_Frozen):
+    """The priority queue with a LIFO tail (seed 003 key names)."""
+
+    enabled: bool = True
+    max_queue_size: int = Field(1_000, ge=1, le=10_000)
+    #: Longest a request may wait for a permit (None: only its deadline bounds it).
+    queue_timeout_ms: int | None = Field(None, ge=1, le=10_000)
+    #: Reserve part of the queue for the critical tier.
+    per_priority: bool = True
+    #: Share of the queue only the critical tier may use (with per_priority).
+    reserved_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    #: Within a tier: FIFO at or below this depth, newest first above it.
+    lifo_threshold: int = Field(16, ge=0, le=10_000)
+
+
+class LimiterConfig(_Frozen):
+    """The concurrency limit algorithm and its bounds."""
+
+    algorithm: LimiterName = "gradient"
+    #: The limit of the fixed algorithm (defaults to max_concurrent_requests).
+    fixed_limit: int | None = Field(None, ge=1, le=100_000)
+    initial_limit: int = Field(20, ge=1, le=100_000)
+    min_limit: int = Field(4, ge=1, le=100_000)
+    max_limit: int = Field(1_000, ge=1, le=100_000)
+    #: Sampling window of the adaptive algorithms.
+    window_ms: int = Field(500, ge=10, le=60_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LimiterConfig:
+        if self.min_limit > self.max_limit:
+            raise ValueError(
+                f"limiter.min_limit ({self.min_limit}) must be <= limiter.max_limit "
+                f"({self.max_limit})"
+            )
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError(
+                f"limiter.initial_limit ({self.initial_limit}) must be within "
+                f"[min_limit, max_limit] = [{self.min_limit}, {self.max_limit}]"
+            )
+        return self
+
+
+class BreakerConfig(_Frozen):
+    """Circuit breaker."""
+
+    enabled: bool = True
+    window_ms: int = Field(10_000, ge=100, le=600_000)
+    failure_ratio: float = Field(0.5, gt=0.0, le=1.0)
+    min_calls: int = Field(20, ge=1, le=100_000)
+    consecutive_failures: int = Field(10, ge=1, le=100_000)
+    open_ms: int = Field(5_000, ge=10, le=600_000)
+    max_open_ms: int = Field(60_000, ge=10, le=3_600_000)
+    half_open_successes: int = Field(1, ge=1, le=1_000)
+    probe_timeout_ms: int = Field(2_000, ge=1, le=600_000)
+    failure_statuses: tuple[int, ...] = (500, 502, 503, 504)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BreakerConfig:
+        if self.open_ms > self.max_open_ms:
+            raise ValueError("breaker.open_ms must be <= breaker.max_open_ms")
+        return self
+
+
+class RetryConfig(_Frozen):
+    """Retries drawn from a budget."""
+
+    enabled: bool = True
+    #: Retries may be at most this share of original requests in the window.
+    budget_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    window_ms: int = Field(10_000, ge=100, le=600_000)
+    #: Retries always allowed per second, so a quiet service can still retry.
+    min_retries_per_s: float = Field(1.0, ge=0.0, le=10_000.0)
+    max_attempts: int = Field(3, ge=1, le=10)
+    backoff_base_ms: int = Field(10, ge=0, le=60_000)
+    backoff_max_ms: int = Field(200, ge=0, le=60_000)
+    #: Buffer responses so a failed attempt can be replaced (streaming gives up retries).
+    buffer_responses: bool = True
+    #: Responses larger than this are streamed (and can no longer be retried).
+    max_buffer_bytes: int = Field(4 * 1024 * 1024, ge=0, le=2**34)
+
+
+class CapacityConfig(_Frozen):
+    """A cap on what the gateway holds in total."""
+
+    #: In flight plus queued; beyond it a request is shed at once.
+    max_held_requests: int = Field(4_096, ge=1, le=1_000_000)
+    #: Request and response bytes buffered in memory.
+    max_buffered_bytes: int = Field(128 * 1024 * 1024, ge=0, le=2**36)
+
+
+class ShedConfig(_Frozen):
+    """Shed responses."""
+
+    status: int = Field(429, ge=400, le=599)
+    #: Relative jitter applied to Retry-After.
+    retry_after_jitter: float = Field(0.25, ge=0.0, le=1.0)
+
+
+class AdminConfig(_Frozen):
+    """Admin endpoints."""
+
+    #: Enables POST /_ballast/reload; required as a bearer token.
+    token: str | None = None
+
+
+class GatewayConfig(_Frozen):
+    """The whole stack."""
+
+    upstream: str
+    #: A hard cap on concurrent upstream requests (the fixed limiter's limit).
+    max_concurrent_requests: int | None = Field(1_000, ge=1, le=100_000)
+    load_shed_dry_run: bool = False
+    proxy: ProxyConfig = ProxyConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    priority: PriorityConfig = PriorityConfig()
+    admission_queue: AdmissionQueueConfig = AdmissionQueueConfig()
+    limiter: LimiterConfig = LimiterConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    retry: RetryConfig = RetryConfig()
+    capacity: CapacityConfig = CapacityConfig()
+    shed: ShedConfig = ShedConfig()
+    admin: AdminConfig = AdminConfig()
+
+    @field_validator("upstream")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _cap(self) -> GatewayConfig:
+        if self.admission_queue.enabled and self.max_concurrent_requests is None:
+            raise ValueError(
+                "admission_queue.enabled requires max_concurrent_requests (1..100000): "
+                "an uncapped gateway has nothing to queue for"
+            )
+        return self
+
+    @property
+    def fixed_limit(self) -> int:
+        """The limit the fixed algorithm enforces."""
+        if self.limiter.fixed_limit is not None:
+            return self.limiter.fixed_limit
+        return self.max_concurrent_requests or self.limiter.max_limit
+
+    @property
+    def max_limit(self) -> int:
+        """The highest limit any algorithm may reach."""
+        cap = self.max_concurrent_requests
+        return self.limiter.max_limit if cap is None else min(cap, self.limiter.max_limit)
+
+
+# -- loading -----------------------------------------------------------------
+
+
+def format_validation_error(err: ValidationError, source: str = "config") -> str:
+    """One line naming the first failing key path and what is allowed."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        value = e.get("input")
+        quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
+        got = "" if quiet else f" (got {value!r})"
+        parts.append(f"{loc}: {msg}{got}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    node = data
+    *parents, leaf = path.split(".")
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[leaf] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a mapping (``gateway:`` nesting unwrapped)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"BALLAST_CONFIG: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    if set(data) == {"gateway"} and isinstance(data["gateway"], dict):
+        data = dict(data["gateway"])
+    return data
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.get("BALLAST_UPSTREAM"):
+        out["upstream"] = env["BALLAST_UPSTREAM"]
+    if env.get("BALLAST_LIMITER"):
+        name = env["BALLAST_LIMITER"].strip().lower()
+        if name not in LIMITER_NAMES:
+            raise ConfigError(
+                f"BALLAST_LIMITER: unknown limiter {env['BALLAST_LIMITER']!r}; "
+                f"allowed: {', '.join(LIMITER_NAMES)}"
+            )
+        out["limiter.algorithm"] = name
+    if env.get("BALLAST_FIXED_LIMIT"):
+        raw = env["BALLAST_FIXED_LIMIT"]
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"BALLAST_FIXED_LIMIT: must be an integer in 1..100000 (got {raw!r})"
+            ) from None
+        if not 1 <= value <= 100_000:
+            raise ConfigError(f"BALLAST_FIXED_LIMIT: must be in 1..100000 (got {value})")
+        out["limiter.fixed_limit"] = value
+    return out
+
+
+def build_config(
+    data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, source: str = "config"
+) -> GatewayConfig:
+    """Validate a mapping plus dotted-path overrides into a ``GatewayConfig``."""
+    merged: dict[str, Any] = _deep_copy(data)
+    for path, value in (overrides or {}).items():
+        _set_path(merged, path, value)
+    if "upstream" not in merged:
+        raise ConfigError(
+            "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
+            "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"
+        )
+    try:
+        return GatewayConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def load_config(
+    env: Mapping[str, str] | None = None,
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """YAML (``path`` or ``BALLAST_CONFIG``), then environment, then ``overrides``."""
+    env = os.environ if env is None else env
+    path = path or env.get("BALLAST_CONFIG") or None
+    data = read_yaml(path) if path else {}
+    layered = _env_overrides(env)
+    layered.update(overrides or {})
+    return build_config(data, layered, source=str(path) if path else "config")

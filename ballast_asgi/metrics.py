@@ -1,0 +1,195 @@
+"""Every metric the gateway exports, declared in one place.
+
+One ``Metrics`` object per gateway, over its own ``CollectorRegistry`` (never
+the global one). Names are prefixed ``ballast_``, use base units (seconds,
+bytes) and counters end in ``_total``. Every label takes values from a closed
+set (``ShedReason``, ``Priority``, fixed outcome names), so cardinality is
+bounded. Gauges that mirror live state (limit, in-flight, queue depth, breaker
+state) are read at scrape time through callbacks bound by the composition
+root, so the hot path never touches them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from ballast_asgi.outcomes import ShedReason
+from ballast_asgi.priority import ALL_PRIORITIES, Priority
+
+#: Latency buckets in seconds, 1 ms .. 30 s.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+    0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+QUEUE_OUTCOMES = ("admitted", "timeout", "queue_full")
+RETRY_RESULTS = ("attempted", "succeeded", "denied")
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
+class Metrics:
+    """The gateway's metrics over an injected (or private) registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.concurrency_limit = Gauge(
+            "ballast_concurrency_limit", "Current concurrency limit.", registry=r
+        )
+        self.inflight = Gauge(
+            "ballast_inflight_requests", "Requests holding a concurrency permit.", registry=r
+        )
+        self.rtt_recent = Gauge(
+            "ballast_limiter_rtt_recent_seconds", "Recent round-trip time seen by the limiter.",
+            registry=r,
+        )  # fmt: skip
+        self.rtt_min = Gauge(
+            "ballast_limiter_rtt_min_seconds", "No-load (minimum) round-trip time estimate.",
+            registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            "ballast_admission_queue_depth", "Requests waiting in the admission queue.",
+            ["priority"], registry=r,
+        )  # fmt: skip
+        self.queued = Counter(
+            "ballast_admission_queued", "Admission-queue outcomes.", ["outcome"], registry=r
+        )
+        self.shed = Counter(
+            "ballast_shed", "Requests shed, by reason and priority.", ["reason", "priority"],
+            registry=r,
+        )  # fmt: skip
+        self.dry_run_shed = Counter(
+            "ballast_dry_run_shed",
+            "Dry-run: requests admitted that enforcement would have shed.",
+            ["reason", "priority"], registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "ballast_requests", "Requests that reached the shedding stages.", ["priority"],
+            registry=r,
+        )  # fmt: skip
+        self.bad_requests = Counter(
+            "ballast_bad_requests", "Requests rejected with 400 for a malformed header.",
+            ["header"], registry=r,
+        )  # fmt: skip
+        self.priority_ignored = Counter(
+            "ballast_priority_header_ignored",
+            "X-Priority headers ignored because the sender is not trusted.", registry=r,
+        )  # fmt: skip
+        self.upstream_latency = Histogram(
+            "ballast_upstream_latency_seconds", "Upstream round-trip time per attempt.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.upstream_errors = Counter(
+            "ballast_upstream_errors", "Upstream failures by kind.", ["kind"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "ballast_queue_wait_seconds", "Time spent waiting in the queue.", ["priority"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.breaker_state = Gauge(
+            "ballast_breaker_state", "1 for the breaker's current state.", ["state"], registry=r
+        )
+        self.breaker_state_seconds = Gauge(
+            "ballast_breaker_state_seconds", "Seconds spent in the current breaker state.",
+            registry=r,
+        )  # fmt: skip
+        self.breaker_transitions = Counter(
+            "ballast_breaker_transitions", "Breaker transitions by target state.", ["to"],
+            registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "ballast_retries", "Retries attempted, succeeded, or denied by the budget.",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.retry_budget_balance = Gauge(
+            "ballast_retry_budget_balance", "Retries the budget would allow right now.",
+            registry=r,
+        )  # fmt: skip
+        self.config_reloads = Counter(
+            "ballast_config_reloads", "Config reload attempts.", ["result"], registry=r
+        )
+        # Pre-resolved children: the hot path never formats label tuples.
+        self._shed = {
+            (reason, p): self.shed.labels(reason.value, p.label)
+            for reason in ShedReason
+            for p in ALL_PRIORITIES
+        }
+        self._dry = {
+            (reason, p): self.dry_run_shed.labels(reason.value, p.label)
+            for reason in ShedReason
+            for p in ALL_PRIORITIES
+        }
+        self._requests = {p: self.requests.labels(p.label) for p in ALL_PRIORITIES}
+        self._queued = {o: self.queued.labels(o) for o in QUEUE_OUTCOMES}
+        self._queue_wait = {p: self.queue_wait.labels(p.label) for p in ALL_PRIORITIES}
+        self._retries = {r_: self.retries.labels(r_) for r_ in RETRY_RESULTS}
+        self.priority_ignored.inc(0)
+
+    # -- hot path -----------------------------------------------------------
+    def count_shed(self, reason: ShedReason, priority: Priority) -> None:
+        """Count one shed request."""
+        self._shed[(reason, priority)].inc()
+
+    def count_would_shed(self, reason: ShedReason, priority: Priority) -> None:
+        """Dry-run: count one request enforcement would have shed."""
+        self._dry[(reason, priority)].inc()
+
+    def count_request(self, priority: Priority) -> None:
+        """Count one request entering the shedding stages."""
+        self._requests[priority].inc()
+
+    def count_queued(self, outcome: str) -> None:
+        """Count one admission-queue outcome (admitted, timeout, queue_full)."""
+        self._queued[outcome].inc()
+
+    def observe_queue_wait(self, priority: Priority, seconds: float) -> None:
+        """Record how long a request waited in the queue."""
+        self._queue_wait[priority].observe(seconds)
+
+    def count_retry(self, result: str) -> None:
+        """Count a retry attempted, succeeded, or denied."""
+        self._retries[result].inc()
+
+    # -- scrape-time bindings -----------------------------------------------
+    def bind_limiter(
+        self,
+        limit: Callable[[], float],
+        inflight: Callable[[], float],
+        rtt_recent: Callable[[], float] | None = None,
+        rtt_min: Callable[[], float] | None = None,
+    ) -> None:
+        """Read the limiter's live state at scrape time."""
+        self.concurrency_limit.set_function(limit)
+        self.inflight.set_function(inflight)
+        if rtt_recent is not None:
+            self.rtt_recent.set_function(rtt_recent)
+        if rtt_min is not None:
+            self.rtt_min.set_function(rtt_min)
+
+    def bind_queue_depth(self, depth: Callable[[Priority], int]) -> None:
+        """Read the queue depth per tier at scrape time."""
+        for p in ALL_PRIORITIES:
+            self.queue_depth.labels(p.label).set_function(functools.partial(depth, p))
+
+    def bind_breaker(self, state: Callable[[], str], seconds_in_state: Callable[[], float]) -> None:
+        """Read the breaker's state at scrape time."""
+        for name in BREAKER_STATES:
+            self.breaker_state.labels(name).set_function(functools.partial(_is_state, state, name))
+        self.breaker_state_seconds.set_function(seconds_in_state)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+def null_metrics() -> Metrics:
+    """Metrics over a private throwaway registry, for unit tests and embedding."""
+    return Metrics(CollectorRegistry(auto_describe=True))
+
+
+def _is_state(state: Callable[[], str], name: str) -> float:
+    return float(state() == name)

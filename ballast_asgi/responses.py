@@ -1,0 +1,99 @@
+"""The one place that writes a shed or error response.
+
+A shed answer carries the configured status (default 429), ``Retry-After`` in
+whole seconds (>= 1), ``X-Ballast-Reason`` and a small JSON body. Retry-After
+comes from the current drain estimate (seconds until the queue would empty at
+recent throughput) with +/-``jitter`` so that clients do not come back in
+lockstep; callers may pass an explicit value (e.g. the breaker's open time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.outcomes import ShedReason
+from ballast_asgi.priority import Priority
+from ballast_asgi.types import Send
+
+_JSON = (b"content-type", b"application/json")
+_NO_STORE = (b"cache-control", b"no-store")
+
+
+async def send_json(
+    send: Send,
+    status: int,
+    payload: dict[str, object],
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Send a complete JSON response (start + body) in two messages."""
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    headers = [_JSON, _NO_STORE, (b"content-length", str(len(body)).encode())]
+    if extra_headers:
+        headers.extend(extra_headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_bad_request(send: Send, message: str, header: str | None = None) -> None:
+    """400 with a JSON message naming the offending header."""
+    payload: dict[str, object] = {"error": "bad_request", "message": message}
+    if header is not None:
+        payload["header"] = header
+    await send_json(send, 400, payload)
+
+
+class ShedResponder:
+    """Writes shed responses and counts them; shared by every stage."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        status: int = 429,
+        jitter: float = 0.25,
+        max_retry_after_s: int = 60,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 400 <= status <= 599:
+            raise ValueError(f"shed status must be in 400..599, got {status}")
+        self.metrics = metrics
+        self.status = status
+        self.jitter = jitter
+        self.max_retry_after_s = max_retry_after_s
+        self._rng = rng or random.Random()
+        #: Seconds until the backlog would drain; wired by the composition root.
+        self.drain_estimate: Callable[[], float] = lambda: 1.0
+
+    def retry_after_s(self) -> int:
+        """Whole seconds >= 1: the drain estimate with jitter, capped."""
+        base = max(1.0, self.drain_estimate())
+        jittered = base * (1.0 + self._rng.uniform(-self.jitter, self.jitter))
+        return max(1, min(self.max_retry_after_s, math.ceil(jittered)))
+
+    async def shed(
+        self,
+        send: Send,
+        reason: ShedReason,
+        priority: Priority,
+        retry_after_s: float | None = None,
+    ) -> None:
+        """Count and send one shed response."""
+        self.metrics.count_shed(reason, priority)
+        seconds = (
+            self.retry_after_s() if retry_after_s is None else max(1, math.ceil(retry_after_s))
+        )
+        headers = [
+            (b"retry-after", str(seconds).encode()),
+            (b"x-ballast-reason", reason.value.encode()),
+        ]
+        payload: dict[str, object] = {
+            "error": "shed",
+            "reason": reason.value,
+            "priority": priority.label,
+            "retry_after_s": seconds,
+        }
+        await send_json(send, self.status, payload, headers)

@@ -12,6 +12,7 @@ The YAML may optionally nest everything under a top-level ``gateway:`` key.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,7 +87,8 @@ class PriorityConfig(_Frozen):
     """How a request's tier is chosen."""
 
     default: Priority = Priority.STANDARD
-    #: Honour X-Priority from any client (demo setting).
+    #: Honour X-Priority from any client. Default true is the demo setting;
+    #: production sets false and lists trusted_networks (see classify.py).
     trust_header: bool = True
     #: Honour X-Priority only from these networks (when trust_header is false).
     trusted_networks: tuple[str, ...] = ()
@@ -97,6 +99,19 @@ class PriorityConfig(_Frozen):
     @classmethod
     def _tier(cls, v: Any) -> Any:
         return parse_priority_name(str(v)) if not isinstance(v, Priority) else v
+
+    @field_validator("trusted_networks")
+    @classmethod
+    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"invalid CIDR {cidr!r}; expected an IPv4 or IPv6 network such as "
+                    "10.0.0.0/8 or fd00::/8"
+                ) from None
+        return v
 
 
 class AdmissionQueueConfig(_Frozen):
@@ -149,8 +164,8 @@ class BreakerConfig(_Frozen):
     failure_ratio: float = Field(0.5, gt=0.0, le=1.0)
     min_calls: int = Field(20, ge=1, le=100_000)
     consecutive_failures: int = Field(10, ge=1, le=100_000)
-    open_ms: int = Field(5_000, ge=10, le=600_000)
-    max_open_ms: int = Field(60_000, ge=10, le=3_600_000)
+    open_ms: int = Field(2_000, ge=10, le=600_000)
+    max_open_ms: int = Field(15_000, ge=10, le=3_600_000)
     half_open_successes: int = Field(1, ge=1, le=1_000)
     probe_timeout_ms: int = Field(2_000, ge=1, le=600_000)
     failure_statuses: tuple[int, ...] = (500, 502, 503, 504)
@@ -187,6 +202,8 @@ class CapacityConfig(_Frozen):
     max_held_requests: int = Field(4_096, ge=1, le=1_000_000)
     #: Request and response bytes buffered in memory.
     max_buffered_bytes: int = Field(128 * 1024 * 1024, ge=0, le=2**36)
+    #: Share of max_held_requests only the critical tier may use.
+    reserved_fraction: float = Field(0.1, ge=0.0, le=1.0)
 
 
 class ShedConfig(_Frozen):
@@ -207,7 +224,8 @@ class AdminConfig(_Frozen):
 class GatewayConfig(_Frozen):
     """The whole stack."""
 
-    upstream: str
+    #: Upstream base URL; required by the standalone gateway, unused by ``install``.
+    upstream: str | None = None
     #: A hard cap on concurrent upstream requests (the fixed limiter's limit).
     max_concurrent_requests: int | None = Field(1_000, ge=1, le=100_000)
     load_shed_dry_run: bool = False
@@ -224,7 +242,9 @@ class GatewayConfig(_Frozen):
 
     @field_validator("upstream")
     @classmethod
-    def _url(cls, v: str) -> str:
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
@@ -269,8 +289,31 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
         value = e.get("input")
         quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
         got = "" if quiet else f" (got {value!r})"
-        parts.append(f"{loc}: {msg}{got}")
+        allowed = _allowed_range(e["loc"])
+        parts.append(f"{loc}: {msg}{allowed}{got}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _allowed_range(loc: tuple[int | str, ...]) -> str:
+    """`` [allowed: lo..hi]`` for a numeric field with bounds, else ``""``."""
+    model: Any = GatewayConfig
+    field = None
+    for key in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(key, str) or fields is None or key not in fields:
+            return ""
+        field = fields[key]
+        model = field.annotation
+    if field is None:
+        return ""
+    lo = hi = None
+    for meta in field.metadata:
+        lo = getattr(meta, "ge", None) if lo is None else lo
+        lo = getattr(meta, "gt", None) if lo is None else lo
+        hi = getattr(meta, "le", None) if hi is None else hi
+    if lo is None and hi is None:
+        return ""
+    return f" [allowed: {'' if lo is None else lo}..{'' if hi is None else hi}]"
 
 
 def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
@@ -331,13 +374,17 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def build_config(
-    data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, source: str = "config"
+    data: Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    source: str = "config",
+    *,
+    require_upstream: bool = True,
 ) -> GatewayConfig:
     """Validate a mapping plus dotted-path overrides into a ``GatewayConfig``."""
     merged: dict[str, Any] = _deep_copy(data)
     for path, value in (overrides or {}).items():
         _set_path(merged, path, value)
-    if "upstream" not in merged:
+    if require_upstream and not merged.get("upstream"):
         raise ConfigError(
             "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
             "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"

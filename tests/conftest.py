@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -9,3 +11,18 @@ import pytest
 def anyio_backend() -> str:
     """Run async tests on asyncio (the gateway's loop)."""
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def no_permits_left_in_flight() -> Iterator[None]:
+    """After every test, no limiter created during it still holds a permit."""
+    from ballast_asgi.limiter import live_limiters
+
+    before = max((lim.serial for lim in live_limiters()), default=0)
+    yield
+    leaked = [
+        (lim.serial, lim.inflight)
+        for lim in live_limiters()
+        if lim.serial > before and lim.inflight != 0
+    ]
+    assert not leaked, f"limiters left with permits in flight (serial, inflight): {leaked}"

@@ -1,1 +1,60 @@
-"""Package."""
+"""Limit algorithms (pure): samples in, a concurrency limit out.
+
+``make_limit(name, **params)`` builds one by its registry name: ``gradient``
+(the default), ``fixed``, ``aimd``, ``vegas``, ``gradient2``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ballast_asgi.limit.aimd import AIMDLimit
+from ballast_asgi.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.limit.fixed import FixedLimit
+from ballast_asgi.limit.gradient import GradientLimit
+from ballast_asgi.limit.gradient2 import Gradient2Limit
+from ballast_asgi.limit.vegas import VegasLimit
+
+ALGORITHMS: dict[str, type[Any]] = {
+    "gradient": GradientLimit,
+    "fixed": FixedLimit,
+    "aimd": AIMDLimit,
+    "vegas": VegasLimit,
+    "gradient2": Gradient2Limit,
+}
+
+#: Parameters shared by the config; silently dropped by algorithms that lack them.
+COMMON_PARAMS = frozenset({"initial_limit", "min_limit", "max_limit", "window_ms", "rng"})
+
+
+def make_limit(name: str, **params: Any) -> LimitAlgorithm:
+    """Build the algorithm called ``name``.
+
+    Common parameters (``initial_limit``, ``min_limit``, ``max_limit``,
+    ``window_ms``, ``rng``) are passed only to algorithms that take them; any
+    other unknown parameter is a ``TypeError``. ``fixed`` takes ``limit``
+    (falling back to ``initial_limit``).
+    """
+    cls = ALGORITHMS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown limit algorithm {name!r}; allowed: {', '.join(ALGORITHMS)}")
+    if cls is FixedLimit and "limit" not in params and "initial_limit" in params:
+        params["limit"] = params["initial_limit"]
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    kwargs = {k: v for k, v in params.items() if k in accepted or k not in COMMON_PARAMS}
+    algorithm: LimitAlgorithm = cls(**kwargs)
+    return algorithm
+
+
+__all__ = [
+    "ALGORITHMS",
+    "AIMDLimit",
+    "FixedLimit",
+    "Gradient2Limit",
+    "GradientLimit",
+    "LimitAlgorithm",
+    "Sample",
+    "VegasLimit",
+    "make_limit",
+]

@@ -1,0 +1,139 @@
+"""Admin endpoints: Prometheus metrics, a JSON snapshot, health, and reload.
+
+``AdminRouter`` sits outside every shedding stage, so a scrape succeeds at any
+overload: it answers ``{prefix}/metrics``, ``{prefix}/snapshot``,
+``{prefix}/health`` and ``POST {prefix}/reload`` itself and passes everything
+else to the wrapped app. With ``app=None`` and ``prefix=""`` it is the
+standalone admin-port app (``/metrics`` and ``/snapshot`` at its root).
+
+``POST reload`` is disabled (404) unless an admin token is configured, and then
+requires ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ballast_asgi.responses import send_json
+from ballast_asgi.types import ASGIApp, Receive, Scope, Send
+
+SnapshotFn = Callable[[], dict[str, Any]]
+#: Reload hook: returns (ok, message). Receives nothing; re-reads the config source.
+ReloadFn = Callable[[], Awaitable[tuple[bool, str]]]
+TokenFn = Callable[[], str | None]
+
+
+class AdminRouter:
+    """Serve the admin paths; pass every other request to ``app``."""
+
+    def __init__(
+        self,
+        app: ASGIApp | None,
+        *,
+        exposition: Callable[[], bytes],
+        snapshot: SnapshotFn,
+        prefix: str = "/_ballast",
+        reload: ReloadFn | None = None,
+        token: TokenFn = lambda: None,
+    ) -> None:
+        if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
+            raise ValueError(f"admin prefix must start and not end with '/', got {prefix!r}")
+        self.app = app
+        self._exposition = exposition
+        self._snapshot = snapshot
+        self._reload = reload
+        self._token = token
+        self._prefix = prefix
+        self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            f"{prefix}/metrics": self._metrics,
+            f"{prefix}/snapshot": self._snapshot_json,
+            f"{prefix}/health": self._health,
+            f"{prefix}/reload": self._reload_route,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if self._prefix == "" or path.startswith(self._prefix):
+                route = self._routes.get(path.rstrip("/") or path)
+                if route is not None:
+                    await route(scope, receive, send)
+                    return
+                if self.app is None or path == self._prefix or path[len(self._prefix)] == "/":
+                    await send_json(send, 404, {"error": "not_found", "path": path})
+                    return
+        elif scope["type"] == "lifespan" and self.app is None:
+            await _empty_lifespan(receive, send)
+            return
+        if self.app is None:
+            await send_json(send, 404, {"error": "not_found"})
+            return
+        await self.app(scope, receive, send)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not await _allow(scope, send, ("GET", "HEAD")):
+            return
+        body = self._exposition()
+        headers = [
+            (b"content-type", CONTENT_TYPE_LATEST.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(
+            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
+        )
+
+    async def _snapshot_json(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await _allow(scope, send, ("GET", "HEAD")):
+            await send_json(send, 200, self._snapshot())
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await _allow(scope, send, ("GET", "HEAD")):
+            await send_json(send, 200, {"status": "ok"})
+
+    async def _reload_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = self._token()
+        if self._reload is None or not token:
+            await send_json(
+                send, 404, {"error": "not_found", "message": "reload is disabled: no admin token"}
+            )
+            return
+        if not await _allow(scope, send, ("POST",)):
+            return
+        if not _authorized(scope, token):
+            await send_json(send, 401, {"error": "unauthorized", "message": "bad admin token"})
+            return
+        ok, message = await self._reload()
+        status = 200 if ok else 422
+        await send_json(send, status, {"reloaded": ok, "message": message})
+
+
+async def _allow(scope: Scope, send: Send, methods: tuple[str, ...]) -> bool:
+    if scope["method"] in methods:
+        return True
+    allow = (b"allow", ", ".join(methods).encode())
+    await send_json(send, 405, {"error": "method_not_allowed"}, [allow])
+    return False
+
+
+def _authorized(scope: Scope, token: str) -> bool:
+    expected = f"Bearer {token}".encode()
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return hmac.compare_digest(value, expected)
+    return False
+
+
+async def _empty_lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

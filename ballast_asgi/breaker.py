@@ -1,0 +1,312 @@
+"""Circuit breaker with a single half-open probe (pure state machine).
+
+States and transitions (time is always passed in as ``now``)::
+
+    closed --trip--> open --open period over--> half_open
+    half_open --probe fails / probe times out--> open (period grows)
+    half_open --half_open_successes probes in a row succeed--> closed
+
+Trip (closed -> open), whichever comes first:
+
+* over the trailing ``window_ms`` there were ``calls >= min_calls`` and
+  ``failures / calls >= failure_ratio``; or
+* ``consecutive_failures`` failures in a row.
+
+Open period of the ``n``-th trip in a row (``n = 1`` after a close)::
+
+    open_s(n) = min(max_open_ms, open_ms * 2 ** (n - 1)) / 1000
+
+While open, ``acquire`` returns None (the caller sheds with ``Retry-After =
+retry_after_s(now)``, the remaining open time, at least 1 s). In half-open at
+most one ticket (the *probe*) is out at a time, whatever the concurrency. The
+probe has its own timeout ``probe_timeout_ms``: if its result has not arrived
+by then, the slot is reclaimed and counted as a failure (the breaker reopens),
+so the breaker can never stick in half-open. A late result is ignored, as is
+any result of a ticket issued in an earlier state (each transition starts a
+new generation). Time-driven transitions are dated when they were due, not
+when they were noticed, so the machine does not depend on how often it is read.
+
+What counts as a failure is the caller's call (``ticket.record(success)``);
+``is_failure_status`` applies the configured statuses (default 500, 502, 503,
+504). A 4xx is a success: the upstream is healthy, the request was not.
+
+Defaults (``BreakerConfig``): window 10 s, ratio 0.5 of at least 20 calls,
+10 consecutive failures, open 5 s doubling up to 60 s, 1 probe success to
+close, probe timeout 2 s.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
+
+from ballast_asgi.retry_budget import WindowCounts
+
+if TYPE_CHECKING:
+    from ballast_asgi.config import BreakerConfig
+
+
+class BreakerState(enum.StrEnum):
+    """The breaker's state; values are the ``state`` metric label."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+#: Called on every transition with (old state, new state, when).
+TransitionListener = Callable[[BreakerState, BreakerState, float], None]
+
+_CALLS = 0
+_FAILURES = 1
+
+
+class Ticket:
+    """Leave to make one upstream call; settle it exactly once."""
+
+    __slots__ = ("_breaker", "_settled", "generation", "probe")
+
+    def __init__(self, breaker: Breaker, generation: int, probe: bool) -> None:
+        self._breaker = breaker
+        self.generation = generation
+        #: True when this ticket is the half-open probe.
+        self.probe = probe
+        self._settled = False
+
+    @property
+    def settled(self) -> bool:
+        """Whether ``record`` or ``cancel`` has been called."""
+        return self._settled
+
+    def record(self, success: bool, now: float) -> None:
+        """Report the call's result (exactly once)."""
+        self._settle()
+        self._breaker._on_result(self, success, now)
+
+    def cancel(self) -> None:
+        """The call was not made or its result means nothing: free the slot, record nothing."""
+        self._settle()
+        self._breaker._on_cancel(self)
+
+    def _settle(self) -> None:
+        if self._settled:
+            raise RuntimeError("breaker ticket settled twice")
+        self._settled = True
+
+
+class Breaker:
+    """Closed / open / half-open state machine; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        window_ms: int = 10_000,
+        failure_ratio: float = 0.5,
+        min_calls: int = 20,
+        consecutive_failures: int = 10,
+        open_ms: int = 2_000,
+        max_open_ms: int = 15_000,
+        half_open_successes: int = 1,
+        probe_timeout_ms: int = 2_000,
+        failure_statuses: Collection[int] = (500, 502, 503, 504),
+        enabled: bool = True,
+    ) -> None:
+        _check("window_ms", window_ms >= 1, window_ms, ">= 1")
+        _check("failure_ratio", 0.0 < failure_ratio <= 1.0, failure_ratio, "in (0, 1]")
+        _check("min_calls", min_calls >= 1, min_calls, ">= 1")
+        _check("consecutive_failures", consecutive_failures >= 1, consecutive_failures, ">= 1")
+        _check("open_ms", 1 <= open_ms <= max_open_ms, open_ms, "in 1..max_open_ms")
+        _check("half_open_successes", half_open_successes >= 1, half_open_successes, ">= 1")
+        _check("probe_timeout_ms", probe_timeout_ms >= 1, probe_timeout_ms, ">= 1")
+        self.enabled = enabled
+        self.failure_ratio = failure_ratio
+        self.min_calls = min_calls
+        self.consecutive_failures = consecutive_failures
+        self.open_s = open_ms / 1000.0
+        self.max_open_s = max_open_ms / 1000.0
+        self.half_open_successes = half_open_successes
+        self.probe_timeout_s = probe_timeout_ms / 1000.0
+        self.failure_statuses = frozenset(failure_statuses)
+        self._window = WindowCounts(window_ms / 1000.0, kinds=2)
+        self._state = BreakerState.CLOSED
+        self._since: float | None = None
+        self._generation = 0
+        self._trips = 0
+        self._open_until = 0.0
+        self._consecutive = 0
+        self._probe: Ticket | None = None
+        self._probe_deadline = 0.0
+        self._probe_successes = 0
+        self._transitions = dict.fromkeys(BreakerState, 0)
+        self._listener: TransitionListener | None = None
+
+    @classmethod
+    def from_config(cls, config: BreakerConfig) -> Breaker:
+        """Build from the ``breaker`` section of the gateway config."""
+        return cls(
+            window_ms=config.window_ms,
+            failure_ratio=config.failure_ratio,
+            min_calls=config.min_calls,
+            consecutive_failures=config.consecutive_failures,
+            open_ms=config.open_ms,
+            max_open_ms=config.max_open_ms,
+            half_open_successes=config.half_open_successes,
+            probe_timeout_ms=config.probe_timeout_ms,
+            failure_statuses=config.failure_statuses,
+            enabled=config.enabled,
+        )
+
+    def set_on_transition(self, listener: TransitionListener | None) -> None:
+        """Call ``listener(old, new, at)`` on every transition (e.g. to count it)."""
+        self._listener = listener
+
+    # -- asking --------------------------------------------------------------
+    def acquire(self, now: float) -> Ticket | None:
+        """A ticket for one call, or None: shed (open, or the probe is out)."""
+        self._advance(now)
+        if self._state is BreakerState.CLOSED:
+            return Ticket(self, self._generation, probe=False)
+        if self._state is BreakerState.HALF_OPEN and self._probe is None:
+            probe = Ticket(self, self._generation, probe=True)
+            self._probe = probe
+            self._probe_deadline = now + self.probe_timeout_s
+            return probe
+        return None
+
+    def can_acquire(self, now: float) -> bool:
+        """Whether ``acquire(now)`` would give a ticket (takes nothing)."""
+        self._advance(now)
+        return self._state is BreakerState.CLOSED or (
+            self._state is BreakerState.HALF_OPEN and self._probe is None
+        )
+
+    def is_failure_status(self, status: int) -> bool:
+        """Whether an upstream status counts as a failure."""
+        return status in self.failure_statuses
+
+    # -- reading -------------------------------------------------------------
+    def state(self, now: float) -> BreakerState:
+        """The state at ``now`` (time-driven transitions applied)."""
+        self._advance(now)
+        return self._state
+
+    def seconds_in_state(self, now: float) -> float:
+        """Seconds since the last transition."""
+        self._advance(now)
+        since = now if self._since is None else self._since
+        return max(0.0, now - since)
+
+    def retry_after_s(self, now: float) -> float:
+        """Seconds a refused caller should wait: the remaining open time, at least 1."""
+        self._advance(now)
+        if self._state is BreakerState.OPEN:
+            return max(1.0, self._open_until - now)
+        return 1.0
+
+    @property
+    def transitions(self) -> dict[str, int]:
+        """Transitions so far, by target state."""
+        return {state.value: n for state, n in self._transitions.items()}
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """JSON-safe state for ``/snapshot``."""
+        state = self.state(now)
+        return {
+            "state": state.value,
+            "seconds_in_state": round(self.seconds_in_state(now), 3),
+            "open_remaining_s": round(max(0.0, self._open_until - now), 3)
+            if state is BreakerState.OPEN
+            else 0.0,
+            "next_open_s": self._open_period_s(self._trips + 1),
+            "trips_in_a_row": self._trips,
+            "transitions": self.transitions,
+            "window_calls": self._window.total(now, _CALLS),
+            "window_failures": self._window.total(now, _FAILURES),
+            "consecutive_failures": self._consecutive,
+            "probe_in_flight": self._probe is not None,
+            "enabled": self.enabled,
+        }
+
+    # -- transitions ---------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        if self._since is None:
+            self._since = now
+        while True:
+            if self._state is BreakerState.OPEN and now >= self._open_until:
+                self._enter(BreakerState.HALF_OPEN, self._open_until)
+            elif (
+                self._state is BreakerState.HALF_OPEN
+                and self._probe is not None
+                and now >= self._probe_deadline
+            ):
+                self._enter(BreakerState.OPEN, self._probe_deadline)
+            else:
+                return
+
+    def _enter(self, state: BreakerState, at: float) -> None:
+        old = self._state
+        self._state = state
+        self._since = at
+        self._generation += 1
+        self._transitions[state] += 1
+        self._probe = None
+        self._probe_successes = 0
+        if state is BreakerState.OPEN:
+            self._trips += 1
+            self._open_until = at + self._open_period_s(self._trips)
+        elif state is BreakerState.CLOSED:
+            self._trips = 0
+            self._consecutive = 0
+            self._window.clear()
+        if self._listener is not None:
+            self._listener(old, state, at)
+
+    def _open_period_s(self, trips: int) -> float:
+        return min(self.max_open_s, self.open_s * 2.0 ** min(trips - 1, 62))
+
+    def _on_result(self, ticket: Ticket, success: bool, now: float) -> None:
+        if not self.enabled:
+            return
+        self._advance(now)
+        if ticket.generation != self._generation:
+            return
+        if ticket.probe:
+            self._on_probe_result(ticket, success, now)
+        elif self._state is BreakerState.CLOSED:
+            self._on_closed_result(success, now)
+
+    def _on_probe_result(self, ticket: Ticket, success: bool, now: float) -> None:
+        if self._probe is not ticket:
+            return
+        self._probe = None
+        if not success:
+            self._enter(BreakerState.OPEN, now)
+            return
+        self._probe_successes += 1
+        if self._probe_successes >= self.half_open_successes:
+            self._enter(BreakerState.CLOSED, now)
+
+    def _on_closed_result(self, success: bool, now: float) -> None:
+        self._window.add(now, _CALLS)
+        if success:
+            self._consecutive = 0
+            return
+        self._window.add(now, _FAILURES)
+        self._consecutive += 1
+        if self._consecutive >= self.consecutive_failures or self._ratio_tripped(now):
+            self._enter(BreakerState.OPEN, now)
+
+    def _ratio_tripped(self, now: float) -> bool:
+        calls = self._window.total(now, _CALLS)
+        failures = self._window.total(now, _FAILURES)
+        return calls >= self.min_calls and failures >= self.failure_ratio * calls
+
+    def _on_cancel(self, ticket: Ticket) -> None:
+        if ticket.probe and self._probe is ticket:
+            self._probe = None
+
+
+def _check(name: str, ok: bool, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"breaker {name} must be {allowed}, got {value!r}")

@@ -1,0 +1,170 @@
+"""The composition root: one config object in, the whole stack out.
+
+``build_gateway(config, ...)`` wires the stateful collaborators (limiter,
+queue, breaker, retry budget, proxy) and the stages around them::
+
+    AdminRouter -> Admission -> Queue -> Concurrency -> Breaker -> ProxyApp
+
+``ballast_asgi.gateway:app`` is built from the environment on first access
+(``BALLAST_UPSTREAM``, ``BALLAST_LIMITER``, ``BALLAST_FIXED_LIMIT``,
+``BALLAST_CONFIG``), so a bad setting stops ``uvicorn`` at start-up with one
+line naming it, instead of failing at the first request.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from ballast_asgi.admin import AdminRouter
+from ballast_asgi.config import GatewayConfig, load_config
+from ballast_asgi.errors import ConfigError
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.proxy import ProxyApp
+from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.types import ASGIApp, Clock, Receive, Scope, Send
+
+
+class Gateway:
+    """The composed gateway: an ASGI app with admin endpoints, snapshot and reload."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        clock: Clock = time.monotonic,
+        transport: httpx.AsyncBaseTransport | None = None,
+        registry: CollectorRegistry | None = None,
+        rng: random.Random | None = None,
+        config_path: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        if config.upstream is None:
+            raise ConfigError("BALLAST_UPSTREAM: not set; the gateway needs an upstream URL")
+        self.config = config
+        self.clock = clock
+        self.metrics = Metrics(registry)
+        self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=rng)
+        self.proxy = ProxyApp(
+            config.upstream,
+            config=config.proxy,
+            transport=transport,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self._source = (config_path, env, dict(overrides or {}))
+        self.version = 1
+        self.loaded_at = time.time()
+        self._app = self._compose(config)
+
+    def _compose(self, config: GatewayConfig) -> ASGIApp:
+        stack = build_stack(self.proxy, self.parts, config, retries=True)
+        return AdminRouter(
+            stack,
+            exposition=self.metrics.exposition,
+            snapshot=self.snapshot,
+            reload=self.reload,
+            token=lambda: self.config.admin.token,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    def admin_app(self) -> AdminRouter:
+        """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""
+        return AdminRouter(
+            None,
+            exposition=self.metrics.exposition,
+            snapshot=self.snapshot,
+            prefix="",
+            reload=self.reload,
+            token=lambda: self.config.admin.token,
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The live state of every stage as one JSON-safe document."""
+        doc = self.parts.snapshot(self.clock())
+        doc["config"] = {
+            "version": self.version,
+            "loaded_at": self.loaded_at,
+            "upstream": self.config.upstream,
+            "limiter": self.config.limiter.algorithm,
+            "dry_run": self.config.load_shed_dry_run,
+        }
+        return doc
+
+    async def reload(self) -> tuple[bool, str]:
+        """Re-read the config source and apply it without dropping any request."""
+        path, env, overrides = self._source
+        try:
+            new = load_config(env=env, path=path, overrides=overrides)
+            if new.upstream != self.config.upstream or new.proxy != self.config.proxy:
+                raise ConfigError("upstream and proxy.* changes need a restart; nothing applied")
+        except ConfigError as exc:
+            self.metrics.config_reloads.labels("error").inc()
+            return False, str(exc)
+        reconfigure_parts(self.parts, self.config, new, self.clock())
+        self.config = new
+        self._app = self._compose(new)
+        self.version += 1
+        self.loaded_at = time.time()
+        self.metrics.config_reloads.labels("ok").inc()
+        return True, f"config version {self.version} applied"
+
+
+def build_gateway(
+    config: GatewayConfig,
+    *,
+    clock: Clock = time.monotonic,
+    transport: httpx.AsyncBaseTransport | None = None,
+    registry: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+    config_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Gateway:
+    """Build the whole gateway from one config object."""
+    if config_path is None and env is None:
+        config_path = os.environ.get("BALLAST_CONFIG") or None
+    return Gateway(
+        config,
+        clock=clock,
+        transport=transport,
+        registry=registry,
+        rng=rng,
+        config_path=config_path,
+        env=env,
+        overrides=overrides,
+    )
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Gateway:
+    """Build the gateway from the environment (``BALLAST_*``)."""
+    env = dict(os.environ if env is None else env)
+    return build_gateway(load_config(env=env), env=env)
+
+
+_app: Gateway | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """Build ``app`` lazily: importing the module never reads the environment."""
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        try:
+            _app = from_env()
+        except ConfigError as exc:
+            print(f"ballast: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return _app

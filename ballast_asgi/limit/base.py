@@ -1,0 +1,88 @@
+"""The limit-algorithm interface: samples in, a concurrency limit out.
+
+A limit algorithm never enforces anything (that is ``ballast_asgi.limiter``);
+it only turns completed-request samples into a number. Every algorithm is pure:
+time arrives as ``now`` (monotonic seconds) and randomness, where used, as an
+injected ``random.Random``.
+
+A ``Sample`` describes one request that held a permit:
+
+* ``start``: monotonic time the permit was acquired;
+* ``rtt_s``: seconds from acquire to release;
+* ``inflight_at_start``: permits held right after this one was acquired
+  (this request included), the "is the limit binding?" signal;
+* ``dropped``: the request timed out, got a 5xx or missed its deadline, a
+  congestion signal rather than an RTT measurement.
+
+Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
+requests that were refused never become samples.
+
+Contract (checked for every algorithm by ``tests/test_limits.py``):
+
+1. ``min_limit <= limit <= max_limit`` after any sample sequence;
+2. a run of dropped samples never raises the limit;
+3. samples with ``inflight_at_start < limit / 2`` (the limit is not binding)
+   never raise the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+#: RTTs are floored at one microsecond so ratios never divide by zero.
+MIN_RTT_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One completed request, as the limit algorithm sees it."""
+
+    start: float
+    rtt_s: float
+    inflight_at_start: int
+    dropped: bool = False
+
+
+@runtime_checkable
+class LimitAlgorithm(Protocol):
+    """Turns samples into a concurrency limit."""
+
+    #: Registry name, e.g. ``"gradient"``.
+    name: str
+
+    @property
+    def limit(self) -> int:
+        """The current limit (an integer within the algorithm's bounds)."""
+        ...
+
+    def on_sample(self, sample: Sample, now: float) -> int:
+        """Take one sample; return the (possibly new) limit."""
+        ...
+
+    def snapshot(self) -> dict[str, object]:
+        """Algorithm state as JSON-safe values (for ``/snapshot``)."""
+        ...
+
+
+def check_bounds(initial_limit: float, min_limit: int, max_limit: int) -> None:
+    """Raise ``ValueError`` naming the parameter unless 1 <= min <= initial <= max."""
+    if min_limit < 1:
+        raise ValueError(f"min_limit must be >= 1, got {min_limit}")
+    if max_limit < min_limit:
+        raise ValueError(f"max_limit ({max_limit}) must be >= min_limit ({min_limit})")
+    if not min_limit <= initial_limit <= max_limit:
+        raise ValueError(
+            f"initial_limit ({initial_limit}) must be within [{min_limit}, {max_limit}]"
+        )
+
+
+def clamp(value: float, low: float, high: float) -> float:
+    """``value`` limited to ``[low, high]``."""
+    return low if value < low else high if value > high else value
+
+
+def log10_root(limit: float) -> float:
+    """``max(1, floor(log10(limit)))``: the Vegas step size (Netflix ``Log10RootFunction``)."""
+    return float(max(1, int(math.log10(max(limit, 1.0)))))

@@ -1,0 +1,278 @@
+"""The gradient controller: the default adaptive concurrency limit.
+
+It finds the concurrency at the knee of the throughput curve by comparing the
+recent round-trip time with the no-load round-trip time (Little's law read
+backwards: past the knee, extra concurrency only adds queueing delay).
+
+**Sampling.** Successful samples are collected in windows of ``window_ms``
+(default 500 ms). A window closes at the first sample after ``window_ms`` has
+passed *and* at least ``min_window_samples`` (default 5) successes arrived, so
+no samples (a hanging upstream, an idle service) means no update at all.
+
+**Per window** (``p`` = ``rtt_percentile``, default the median)::
+
+    rtt_recent = p-th percentile of the window's successful RTTs
+    rtt_noload = min(rtt_noload, rtt_recent)          # falls at once
+    gradient   = clamp(rtt_noload / rtt_recent, min_gradient, 1.0)
+    headroom   = sqrt(limit)                          # the "queue_size" term
+    new        = limit * gradient + headroom
+    binding    = max inflight_at_start in window >= binding_ratio * limit
+    if not binding or the window saw a drop:   new = min(new, limit)
+    elif rtt_recent <= tolerance * rtt_noload:  new = max(new, limit * growth_factor)
+    limit      = clamp(new, min_limit, max_limit)
+
+So the limit only rises while it is binding, and rises multiplicatively while
+latency sits at the floor (a capacity step is found in a few windows rather
+than crawled towards by ``sqrt(limit)`` per window).
+
+**Drops.** A dropped sample (timeout, 5xx, deadline miss) multiplies the
+limit by ``backoff_ratio`` (default 0.9) immediately, at most once per
+``window_ms`` of time, and forbids growth in the window that saw it.
+
+**No-load RTT and probing.** ``rtt_noload`` may fall at any window but rises
+only through a *probe*: the reported limit is pinned to ``probe_limit``
+(default ``min_limit``) until ``probe_samples`` (default 20) successes that
+*started* during the probe (at in-flight <= ``probe_limit``) arrive (or
+``probe_max_windows`` windows pass);
+their percentile becomes the new ``rtt_noload`` and the limit returns to its
+pre-probe value (reduced by any drops meanwhile). A probe runs after the first
+window (the first estimate may have been taken under load), every
+``probe_interval_s`` (default 30 s, +/- ``probe_jitter`` with an injected
+``random.Random``), and early when ``stuck_windows`` (default 4) windows in a
+row had their gradient clamped at ``min_gradient``: the backend really got
+slower and the old minimum no longer describes it.
+
+**States.** ``measuring`` (normal windows) and ``probing``.
+
+**Defaults.** initial 20, min 4, max 1000, window 500 ms, percentile 0.5,
+tolerance 1.1, growth 1.5, binding 0.9, backoff 0.9, min_gradient 0.5.
+References: Netflix concurrency-limits ``GradientLimit``/``Gradient2Limit``;
+Envoy adaptive-concurrency ``GradientController`` (minRTT probing).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from ballast_asgi.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
+
+_MAX_WINDOW_SAMPLES = 10_000
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-quantile (0..1) of a non-empty list, nearest rank below."""
+    ordered = sorted(values)
+    return ordered[int(p * (len(ordered) - 1))]
+
+
+class GradientLimit:
+    """Windowed RTT-gradient controller with multiplicative growth and minRTT probes."""
+
+    name = "gradient"
+
+    def __init__(
+        self,
+        *,
+        initial_limit: int = 20,
+        min_limit: int = 4,
+        max_limit: int = 1000,
+        window_ms: float = 500.0,
+        min_window_samples: int = 5,
+        rtt_percentile: float = 0.5,
+        tolerance: float = 1.1,
+        growth_factor: float = 1.5,
+        binding_ratio: float = 0.9,
+        backoff_ratio: float = 0.9,
+        min_gradient: float = 0.5,
+        probe_limit: int | None = None,
+        probe_samples: int = 20,
+        probe_max_windows: int = 4,
+        probe_interval_s: float = 30.0,
+        probe_jitter: float = 0.1,
+        stuck_windows: int = 4,
+        rng: random.Random | None = None,
+    ) -> None:
+        check_bounds(initial_limit, min_limit, max_limit)
+        _check_params(window_ms, rtt_percentile, tolerance, growth_factor, backoff_ratio)
+        self.min_limit, self.max_limit = min_limit, max_limit
+        self.window_s = window_ms / 1000.0
+        self.min_window_samples = max(1, min_window_samples)
+        self.rtt_percentile, self.tolerance = rtt_percentile, tolerance
+        self.growth_factor, self.binding_ratio = growth_factor, binding_ratio
+        self.backoff_ratio, self.min_gradient = backoff_ratio, min_gradient
+        self.probe_limit = int(clamp(probe_limit or min_limit, min_limit, max_limit))
+        self.probe_samples, self.probe_max_windows = max(1, probe_samples), probe_max_windows
+        self.probe_interval_s, self.probe_jitter = probe_interval_s, probe_jitter
+        self.stuck_windows = stuck_windows
+        self._rng = rng or random.Random(0)
+        self._limit = float(initial_limit)
+        self._rtt_noload_s: float | None = None
+        self._rtt_recent_s: float | None = None
+        self._probed = False
+        #: Completed probes that measured the no-load RTT.
+        self.probes = 0
+        #: Closed measurement windows.
+        self.windows = 0
+        self._stuck = 0
+        self._next_probe_at = math.inf
+        self._probe_start: float | None = None
+        self._probe_rtts: list[float] = []
+        self._saved_limit = self._limit
+        self._last_backoff_at = -math.inf
+        self._reset_window(None)
+
+    # -- public ---------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """The enforced limit (``probe_limit`` while probing)."""
+        if self._probe_start is not None:
+            return min(self.probe_limit, int(self._saved_limit))
+        return int(self._limit)
+
+    @property
+    def probing(self) -> bool:
+        """True while the no-load RTT is being re-measured."""
+        return self._probe_start is not None
+
+    @property
+    def rtt_noload_s(self) -> float | None:
+        """The current no-load RTT estimate (None before the first window)."""
+        return self._rtt_noload_s
+
+    @property
+    def rtt_recent_s(self) -> float | None:
+        """The last closed window's RTT percentile."""
+        return self._rtt_recent_s
+
+    def on_sample(self, sample: Sample, now: float) -> int:
+        """Take one sample; close the window or finish a probe when due."""
+        if self._window_start is None:
+            self._reset_window(now)
+        if sample.dropped:
+            self._on_drop(now)
+        elif self._probe_start is not None:
+            self._probe_sample(sample)
+        else:
+            self._window_sample(sample)
+        if self._probe_start is not None:
+            self._maybe_end_probe(now)
+        elif self._window_due(now):
+            self._close_window(now)
+        return self.limit
+
+    def snapshot(self) -> dict[str, object]:
+        """State for ``/snapshot``."""
+        return {
+            "name": self.name,
+            "limit": self.limit,
+            "state": "probing" if self.probing else "measuring",
+            "probes": self.probes,
+            "windows": self.windows,
+            "rtt_noload_s": self._rtt_noload_s,
+            "rtt_recent_s": self._rtt_recent_s,
+            "window_ms": self.window_s * 1000.0,
+        }
+
+    # -- sampling -------------------------------------------------------------
+    def _reset_window(self, now: float | None) -> None:
+        self._window_start = now
+        self._window_rtts: list[float] = []
+        self._window_max_inflight = 0
+        self._window_dropped = False
+
+    def _window_sample(self, sample: Sample) -> None:
+        if len(self._window_rtts) < _MAX_WINDOW_SAMPLES:
+            self._window_rtts.append(max(sample.rtt_s, MIN_RTT_S))
+        if sample.inflight_at_start > self._window_max_inflight:
+            self._window_max_inflight = sample.inflight_at_start
+
+    def _on_drop(self, now: float) -> None:
+        self._window_dropped = True
+        if now - self._last_backoff_at < self.window_s:
+            return
+        self._last_backoff_at = now
+        if self._probe_start is not None:
+            self._saved_limit = clamp(
+                self._saved_limit * self.backoff_ratio, self.min_limit, self.max_limit
+            )
+        else:
+            self._limit = clamp(self._limit * self.backoff_ratio, self.min_limit, self.max_limit)
+
+    def _window_due(self, now: float) -> bool:
+        start = self._window_start if self._window_start is not None else now
+        return now - start >= self.window_s and len(self._window_rtts) >= self.min_window_samples
+
+    # -- the update -----------------------------------------------------------
+    def _close_window(self, now: float) -> None:
+        rtts, max_inflight, dropped = (
+            self._window_rtts,
+            self._window_max_inflight,
+            self._window_dropped,
+        )
+        self._reset_window(now)
+        self.windows += 1
+        recent = percentile(rtts, self.rtt_percentile)
+        self._rtt_recent_s = recent
+        if self._rtt_noload_s is None or recent < self._rtt_noload_s:
+            self._rtt_noload_s = recent
+        ratio = self._rtt_noload_s / recent
+        self._stuck = self._stuck + 1 if ratio < self.min_gradient else 0
+        binding = max_inflight >= self.binding_ratio * int(self._limit)
+        new = self._next_limit(ratio, binding, dropped)
+        self._limit = clamp(new, self.min_limit, self.max_limit)
+        if not self._probed or self._stuck >= self.stuck_windows or now >= self._next_probe_at:
+            self._start_probe(now)
+
+    def _next_limit(self, ratio: float, binding: bool, dropped: bool) -> float:
+        limit = self._limit
+        gradient = clamp(ratio, self.min_gradient, 1.0)
+        new = limit * gradient + math.sqrt(limit)
+        if not binding or dropped:
+            return min(new, limit)
+        if ratio * self.tolerance >= 1.0:
+            return max(new, limit * self.growth_factor)
+        return new
+
+    # -- probing --------------------------------------------------------------
+    def _start_probe(self, now: float) -> None:
+        self._probe_start = now
+        self._probe_rtts = []
+        self._saved_limit = self._limit
+        self._stuck = 0
+
+    def _probe_sample(self, sample: Sample) -> None:
+        start = self._probe_start
+        if start is not None and sample.start >= start and sample.inflight_at_start <= self.limit:
+            self._probe_rtts.append(max(sample.rtt_s, MIN_RTT_S))
+
+    def _maybe_end_probe(self, now: float) -> None:
+        start = self._probe_start
+        assert start is not None
+        enough = len(self._probe_rtts) >= self.probe_samples
+        if not enough and now - start < self.probe_max_windows * self.window_s:
+            return
+        if self._probe_rtts:
+            self._rtt_noload_s = percentile(self._probe_rtts, self.rtt_percentile)
+            self._probed = True
+            self.probes += 1
+        self._probe_start = None
+        self._limit = self._saved_limit
+        self._reset_window(now)
+        jitter = 1.0 + self._rng.uniform(-self.probe_jitter, self.probe_jitter)
+        self._next_probe_at = now + self.probe_interval_s * jitter
+
+
+def _check_params(
+    window_ms: float, p: float, tolerance: float, growth: float, backoff: float
+) -> None:
+    if window_ms <= 0:
+        raise ValueError(f"window_ms must be > 0, got {window_ms}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"rtt_percentile must be in [0, 1], got {p}")
+    if tolerance < 1.0:
+        raise ValueError(f"tolerance must be >= 1.0, got {tolerance}")
+    if growth < 1.0:
+        raise ValueError(f"growth_factor must be >= 1.0, got {growth}")
+    if not 0.0 < backoff < 1.0:
+        raise ValueError(f"backoff_ratio must be in (0, 1), got {backoff}")

@@ -1,0 +1,256 @@
+"""Enforcement of a concurrency limit: permits, never blocking (pure).
+
+``Limiter.try_acquire(now)`` compares in-flight with the algorithm's limit and
+increments in the same synchronous step (no ``await`` in between, so admission
+is atomic on one event loop). Every ``Permit`` is released exactly once with
+an ``Outcome``:
+
+* ``SUCCESS``: the round trip is an RTT sample;
+* ``DROPPED``: timeout / 5xx / deadline miss, a congestion sample;
+* ``IGNORED``: client gone or shed downstream, no sample.
+
+A second ``release`` of the same permit is a **no-op that is counted** in
+``Limiter.double_releases`` (and shown in the snapshot): raising from a
+``finally`` block would mask the request's real error, and the count still
+makes the bug visible. After each release the limiter calls the ``on_release``
+callback (the queue uses it to hand freed slots to waiters); a release made
+from inside that callback does not re-enter it.
+
+The limiter also keeps what the other stages need to estimate waits: recent
+completions per second (``throughput_rps``), an exponentially weighted recent
+RTT and a windowed minimum RTT (``rtt_min_s``, the "minimum service time" of
+early drop). ``live_limiters()`` lists limiters alive in the process so a test
+fixture can assert that none is left with permits in flight.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+from collections import deque
+from collections.abc import Callable
+
+from ballast_asgi.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.outcomes import Outcome
+
+_LIVE: weakref.WeakSet[Limiter] = weakref.WeakSet()
+_SERIAL = itertools.count(1)
+
+
+def live_limiters() -> list[Limiter]:
+    """Every limiter still alive in this process."""
+    return list(_LIVE)
+
+
+class Permit:
+    """One unit of concurrency; release it exactly once."""
+
+    __slots__ = ("_limiter", "inflight_at_start", "released", "start")
+
+    def __init__(self, limiter: Limiter, start: float, inflight_at_start: int) -> None:
+        self._limiter = limiter
+        self.start = start
+        self.inflight_at_start = inflight_at_start
+        self.released = False
+
+    def release(self, outcome: Outcome, now: float) -> None:
+        """Return the permit; a second call is counted and otherwise ignored."""
+        if self.released:
+            self._limiter.double_releases += 1
+            return
+        self.released = True
+        self._limiter._release(self, outcome, now)
+
+
+class _RateWindow:
+    """Events per second over the last ``window_s``, in ten buckets."""
+
+    def __init__(self, window_s: float) -> None:
+        self.bucket_s = window_s / 10.0
+        self.window_s = window_s
+        self._buckets: deque[list[int]] = deque()
+        self._first: float | None = None
+
+    def add(self, now: float) -> None:
+        idx = int(now / self.bucket_s)
+        if self._first is None:
+            self._first = now
+        if self._buckets and self._buckets[-1][0] == idx:
+            self._buckets[-1][1] += 1
+        else:
+            self._buckets.append([idx, 1])
+        self._trim(idx)
+
+    def _trim(self, idx: int) -> None:
+        while self._buckets and self._buckets[0][0] <= idx - 10:
+            self._buckets.popleft()
+
+    def rate(self, now: float) -> float:
+        if self._first is None:
+            return 0.0
+        self._trim(int(now / self.bucket_s))
+        span = min(self.window_s, max(now - self._first, self.bucket_s))
+        return sum(count for _, count in self._buckets) / span
+
+
+class _WindowedMin:
+    """Minimum over the last ``window_s``, kept per ``window_s / 10`` bucket."""
+
+    def __init__(self, window_s: float) -> None:
+        self.bucket_s = window_s / 10.0
+        self._buckets: deque[list[float]] = deque()
+
+    def add(self, value: float, now: float) -> None:
+        idx = float(int(now / self.bucket_s))
+        if self._buckets and self._buckets[-1][0] == idx:
+            self._buckets[-1][1] = min(self._buckets[-1][1], value)
+        else:
+            self._buckets.append([idx, value])
+        while self._buckets and self._buckets[0][0] <= idx - 10:
+            self._buckets.popleft()
+
+    def value(self) -> float | None:
+        return min((v for _, v in self._buckets), default=None)
+
+
+class Limiter:
+    """Hands out permits against a limit algorithm's current limit."""
+
+    def __init__(
+        self,
+        algorithm: LimitAlgorithm,
+        *,
+        max_limit: int | None = None,
+        throughput_window_s: float = 2.0,
+        rtt_min_window_s: float = 10.0,
+        rtt_ewma_alpha: float = 0.1,
+    ) -> None:
+        if max_limit is not None and max_limit < 1:
+            raise ValueError(f"max_limit must be >= 1, got {max_limit}")
+        if throughput_window_s <= 0 or rtt_min_window_s <= 0:
+            raise ValueError("throughput_window_s and rtt_min_window_s must be > 0")
+        if not 0.0 < rtt_ewma_alpha <= 1.0:
+            raise ValueError(f"rtt_ewma_alpha must be in (0, 1], got {rtt_ewma_alpha}")
+        self.algorithm = algorithm
+        self.max_limit = max_limit
+        self.serial = next(_SERIAL)
+        self.double_releases = 0
+        self.acquired = 0
+        self.rejected = 0
+        self._inflight = 0
+        self._on_release: Callable[[float], None] | None = None
+        self._notifying = False
+        self._completions = _RateWindow(throughput_window_s)
+        self._rtt_min = _WindowedMin(rtt_min_window_s)
+        self._alpha = rtt_ewma_alpha
+        self._rtt_recent_s: float | None = None
+        _LIVE.add(self)
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """The enforced limit: the algorithm's, capped by ``max_limit``."""
+        limit = self.algorithm.limit
+        return limit if self.max_limit is None else min(limit, self.max_limit)
+
+    @property
+    def inflight(self) -> int:
+        """Permits currently held."""
+        return self._inflight
+
+    @property
+    def rtt_recent_s(self) -> float | None:
+        """Exponentially weighted recent RTT of successful requests."""
+        return self._rtt_recent_s
+
+    @property
+    def rtt_min_s(self) -> float | None:
+        """Minimum successful RTT over the last ``rtt_min_window_s``."""
+        return self._rtt_min.value()
+
+    def has_capacity(self) -> bool:
+        """True when ``try_acquire`` would succeed now."""
+        return self._inflight < self.limit
+
+    def throughput_rps(self, now: float) -> float:
+        """Completions (success or dropped) per second, recently."""
+        return self._completions.rate(now)
+
+    # -- permits --------------------------------------------------------------
+    def try_acquire(self, now: float) -> Permit | None:
+        """A permit if in-flight is below the limit, else None. Never blocks."""
+        if self._inflight >= self.limit:
+            self.rejected += 1
+            return None
+        self._inflight += 1
+        self.acquired += 1
+        return Permit(self, now, self._inflight)
+
+    def set_algorithm(
+        self, algorithm: LimitAlgorithm, *, max_limit: int | None = None, now: float | None = None
+    ) -> None:
+        """Swap the algorithm (config reload) keeping permits in flight.
+
+        With ``now`` the on-release callback runs at once, so a higher limit
+        reaches queued waiters immediately; otherwise at the next release.
+        """
+        if max_limit is not None and max_limit < 1:
+            raise ValueError(f"max_limit must be >= 1, got {max_limit}")
+        self.algorithm = algorithm
+        self.max_limit = max_limit
+        if now is not None:
+            self._notify(now)
+
+    def set_on_release(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(now)`` after every release (one callback; None clears it)."""
+        self._on_release = callback
+
+    def _release(self, permit: Permit, outcome: Outcome, now: float) -> None:
+        self._inflight -= 1
+        if outcome is not Outcome.IGNORED:
+            self._record(permit, outcome is Outcome.DROPPED, now)
+        self._notify(now)
+
+    def _record(self, permit: Permit, dropped: bool, now: float) -> None:
+        rtt_s = max(0.0, now - permit.start)
+        self._completions.add(now)
+        if not dropped:
+            self._rtt_min.add(rtt_s, now)
+            prev = self._rtt_recent_s
+            self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
+        sample = Sample(permit.start, rtt_s, permit.inflight_at_start, dropped)
+        self.algorithm.on_sample(sample, now)
+
+    def _notify(self, now: float) -> None:
+        callback = self._on_release
+        if callback is None or self._notifying:
+            return
+        self._notifying = True
+        try:
+            callback(now)
+        finally:
+            self._notifying = False
+
+    # -- observability --------------------------------------------------------
+    def snapshot(self, now: float | None = None) -> dict[str, object]:
+        """JSON-safe state for ``/snapshot``."""
+        snap: dict[str, object] = {
+            "algorithm": self.algorithm.name,
+            "limit": self.limit,
+            "inflight": self._inflight,
+            "rtt_recent_s": _finite(self._rtt_recent_s),
+            "rtt_min_s": _finite(self.rtt_min_s),
+            "max_limit": self.max_limit,
+            "acquired": self.acquired,
+            "rejected": self.rejected,
+            "double_releases": self.double_releases,
+            "algorithm_state": self.algorithm.snapshot(),
+        }
+        if now is not None:
+            snap["throughput_rps"] = self.throughput_rps(now)
+        return snap
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

@@ -1,0 +1,228 @@
+"""QueueMiddleware: wait for a concurrency permit in the priority queue.
+
+For each HTTP request (inside ``AdmissionMiddleware``):
+
+1. take a free permit at once if there is one (``ctx.permit``);
+2. otherwise queue a ``Waiter`` (maybe displacing a lower tier's, or being
+   refused with ``queue_full``) and await a future, with one loop timer
+   armed at the waiter's expiry: the waiter is shed the moment its deadline
+   (``deadline``) or queue timeout (``queue_timeout``) passes, not at dequeue;
+3. while waiting, watch ``receive()``: body messages are buffered and replayed
+   to the inner app later; ``http.disconnect`` removes the waiter, marks
+   ``ctx.client_gone`` and ends the request with nothing sent upstream;
+4. when any permit is released the limiter calls back here and
+   ``queue.dispatch`` hands free permits to the best waiters. A permit that
+   reaches a waiter which has just gone is passed on, never leaked; a waiter
+   granted at the instant its deadline passed gives the permit back and is shed.
+
+Queue outcomes counted: ``admitted`` (granted after waiting), ``timeout``
+(deadline or queue timeout in the queue), ``queue_full`` (refused or displaced).
+The concurrency stage releases the permit; this stage releases it as IGNORED
+only if the inner app returned without doing so (a safety net).
+Cancellation is never swallowed: a cancelled waiter leaves the queue, returns
+any permit it was granted, and re-raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ballast_asgi.context import RequestContext, get_context
+from ballast_asgi.limiter import Limiter, Permit
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.outcomes import Outcome, ShedReason
+from ballast_asgi.queue import PriorityQueue, Waiter, dispatch
+from ballast_asgi.responses import ShedResponder
+from ballast_asgi.types import ASGIApp, Clock, Message, Receive, Scope, Send
+
+#: The result a waiter's future gets when its client disconnects.
+GONE = "client_gone"
+_TIMEOUT_REASONS = (ShedReason.DEADLINE, ShedReason.QUEUE_TIMEOUT)
+
+
+class QueueMiddleware:
+    """Priority queue in front of the concurrency limiter."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limiter: Limiter,
+        queue: PriorityQueue,
+        responder: ShedResponder,
+        metrics: Metrics,
+        queue_timeout_ms: float | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if queue_timeout_ms is not None and queue_timeout_ms <= 0:
+            raise ValueError(f"queue_timeout_ms must be > 0, got {queue_timeout_ms}")
+        self.app = app
+        self.limiter = limiter
+        self.queue = queue
+        self.responder = responder
+        self.metrics = metrics
+        self.queue_timeout_s = None if queue_timeout_ms is None else queue_timeout_ms / 1000.0
+        self.clock = clock
+        limiter.set_on_release(self._on_release)
+        metrics.bind_queue_depth(queue.depth)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request now, after a wait, or shed it."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ctx = get_context(scope)
+        if ctx.permit is None:
+            now = self.clock()
+            permit = self.limiter.try_acquire(now)
+            if permit is None:
+                await self._wait_then_run(scope, receive, send, ctx, now)
+                return
+            ctx.permit = permit
+        await self._run(scope, receive, send, ctx)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext) -> None:
+        permit = ctx.permit
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if permit is not None and not permit.released:
+                permit.release(Outcome.IGNORED, self.clock())
+
+    async def _wait_then_run(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
+    ) -> None:
+        if ctx.deadline is not None and ctx.deadline <= now:
+            await self._refuse(send, ctx, ShedReason.DEADLINE)
+            return
+        loop = asyncio.get_running_loop()
+        timeout_at = None if self.queue_timeout_s is None else now + self.queue_timeout_s
+        waiter = Waiter(ctx.priority, now, ctx.deadline, timeout_at, loop.create_future())
+        pushed = self.queue.push(waiter)
+        if pushed.displaced is not None:
+            self._leave(pushed.displaced, ShedReason.QUEUE_FULL)
+        if not pushed.accepted:
+            self.metrics.count_queued("queue_full")
+            await self._refuse(send, ctx, ShedReason.QUEUE_FULL)
+            return
+        buffered: list[Message] = []
+        result = await self._wait(waiter, receive, buffered, loop)
+        await self._after_wait(scope, _replay(buffered, receive), send, ctx, waiter, result)
+
+    async def _after_wait(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext,
+        waiter: Waiter,
+        result: Any,
+    ) -> None:
+        now = self.clock()
+        if result == GONE:
+            ctx.client_gone = True
+            return
+        ctx.queue_wait_s = now - waiter.enqueued_at
+        self.metrics.observe_queue_wait(ctx.priority, ctx.queue_wait_s)
+        if isinstance(result, Permit) and ctx.deadline is not None and ctx.deadline <= now:
+            result.release(Outcome.IGNORED, now)  # granted as it expired: pass the slot on
+            result = ShedReason.DEADLINE
+        if isinstance(result, ShedReason):
+            self.metrics.count_queued("timeout" if result in _TIMEOUT_REASONS else "queue_full")
+            await self._refuse(send, ctx, result)
+            return
+        self.metrics.count_queued("admitted")
+        ctx.permit = result
+        await self._run(scope, receive, send, ctx)
+
+    async def _wait(
+        self,
+        waiter: Waiter,
+        receive: Receive,
+        buffered: list[Message],
+        loop: asyncio.AbstractEventLoop,
+    ) -> Any:
+        future: asyncio.Future[Any] = waiter.handle
+        timer = self._arm_timer(waiter, loop)
+        watcher = loop.create_task(self._watch(receive, buffered, waiter))
+        watcher.add_done_callback(_retrieve)
+        try:
+            return await future
+        except BaseException:
+            self._abandon(waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            watcher.cancel()
+
+    def _arm_timer(
+        self, waiter: Waiter, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.TimerHandle | None:
+        expiry = waiter.expiry()
+        if expiry is None:
+            return None
+        when, reason = expiry
+        return loop.call_at(loop.time() + (when - self.clock()), self._leave, waiter, reason)
+
+    async def _watch(self, receive: Receive, buffered: list[Message], waiter: Waiter) -> None:
+        try:
+            while True:
+                message = await receive()
+                buffered.append(message)
+                if message["type"] == "http.disconnect":
+                    break
+        except Exception:  # a failing receive means the client is unusable
+            pass
+        self._leave(waiter, GONE)
+
+    def _leave(self, waiter: Waiter, result: Any) -> None:
+        """Take ``waiter`` out of the queue and wake it with ``result`` (first one wins)."""
+        self.queue.remove(waiter)
+        future: asyncio.Future[Any] = waiter.handle
+        if not future.done():
+            future.set_result(result)
+
+    def _abandon(self, waiter: Waiter) -> None:
+        """A cancelled waiter: leave the queue and hand back any permit it got."""
+        self.queue.remove(waiter)
+        future: asyncio.Future[Any] = waiter.handle
+        if future.done() and not future.cancelled() and isinstance(future.result(), Permit):
+            future.result().release(Outcome.IGNORED, self.clock())
+        elif not future.done():
+            future.cancel()
+
+    def _on_release(self, now: float) -> None:
+        dispatch(self.queue, self.limiter, now, _deliver)
+
+    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> None:
+        """The single shed point of this stage."""
+        ctx.shed_reason = reason
+        await self.responder.shed(send, reason, ctx.priority)
+
+
+def _deliver(waiter: Waiter, permit: Permit) -> bool:
+    future: asyncio.Future[Any] = waiter.handle
+    if future.done():
+        return False
+    future.set_result(permit)
+    return True
+
+
+def _replay(buffered: list[Message], receive: Receive) -> Receive:
+    if not buffered:
+        return receive
+
+    async def replay() -> Message:
+        if buffered:
+            return buffered.pop(0)
+        return await receive()
+
+    return replay
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,331 @@
+"""The terminal reverse proxy: a raw ASGI app that forwards to one upstream over httpx.
+
+Forwarding rules (the proxy contract, tested in tests/test_proxy.py):
+
+* method, path, raw query string and body are forwarded byte for byte. The
+  path is taken relative to ``scope["root_path"]`` (when the app is mounted at
+  ``/api``, ``/api/users`` goes upstream as ``<upstream base path>/users``),
+  from ``raw_path`` so that ``%2F`` and friends survive; non-ASCII bytes are
+  percent-encoded (an HTTP request target is ASCII).
+* hop-by-hop headers are removed both ways: ``Connection`` and every header it
+  names, ``Keep-Alive``, ``TE``, ``Trailer``, ``Transfer-Encoding``,
+  ``Upgrade``, ``Proxy-*``. ``Host`` becomes the upstream's; the client's goes
+  in ``X-Forwarded-Host``. ``X-Forwarded-For`` gets the client address
+  appended; ``X-Forwarded-Proto`` is the scope's scheme.
+* The request body is read in full before the upstream call (counted against
+  ``max_body_bytes``: 413 without an upstream call, checked on
+  ``Content-Length`` first), so a chunked request goes upstream with a
+  ``Content-Length``, like nginx's request buffering.
+* The response (status, headers incl. repeated ``Set-Cookie``, raw body) is
+  streamed back unchanged; HEAD, 204 and 304 carry no body.
+* Deadline: with a ``RequestContext`` deadline, ``X-Deadline-Ms`` carries the
+  remaining milliseconds and every upstream timeout is the remaining time
+  (504 at once when nothing remains); otherwise ``timeout_ms``.
+* Failures are translated in one place, ``_failure``: timeouts -> 504,
+  connect and protocol errors -> 502, small JSON bodies, no stack traces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from ballast_asgi.config import ProxyConfig
+from ballast_asgi.context import RequestContext, find_context
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.outcomes import Outcome
+from ballast_asgi.proxy_headers import Target, request_headers, response_headers
+from ballast_asgi.responses import send_json
+from ballast_asgi.transport import make_transport
+from ballast_asgi.types import Clock, Receive, Scope, Send
+
+#: httpx's ``timeout`` request extension.
+Timeouts = dict[str, Any]
+_NO_BODY_STATUSES = frozenset({204, 304})
+_ERROR_BODIES: dict[str, tuple[int, dict[str, object]]] = {
+    "timeout": (504, {"error": "gateway_timeout", "message": "upstream did not answer in time"}),
+    "connect": (502, {"error": "bad_gateway", "message": "upstream connection failed"}),
+    "protocol": (502, {"error": "bad_gateway", "message": "upstream protocol error"}),
+}
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its request body was being read."""
+
+
+class ProxyApp:
+    """Forwards every HTTP request to ``upstream``; owns one shared httpx client."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        config: ProxyConfig = ProxyConfig(),  # noqa: B008 - frozen value object
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.upstream = httpx.URL(upstream)
+        if self.upstream.scheme not in ("http", "https") or not self.upstream.host:
+            raise ValueError(f"upstream must be an http(s):// URL, got {upstream!r}")
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self._target = Target(self.upstream)
+        self._injected = transport
+        self._client: httpx.AsyncClient | None = None
+        self._transport: httpx.AsyncBaseTransport | None = None
+        self._default_timeout = _timeouts(config.timeout_ms / 1000.0, config)
+
+    # -- lifecycle ------------------------------------------------------------
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The shared client (created on first use when lifespan never ran)."""
+        if self._client is None:
+            self._open()
+        assert self._client is not None
+        return self._client
+
+    def _open(self) -> None:
+        transport = self._injected or make_transport(self.config)
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            follow_redirects=False,
+            trust_env=False,
+            cookies=_refuse_cookies(),
+        )
+        for name in list(self._client.headers):
+            del self._client.headers[name]
+        self._transport = transport
+
+    async def startup(self) -> None:
+        """Create the shared client (idempotent)."""
+        if self._client is None:
+            self._open()
+
+    async def aclose(self) -> None:
+        """Close the shared client and its transport (idempotent)."""
+        client, self._client, self._transport = self._client, None, None
+        if client is not None:
+            await client.aclose()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- requests -------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._handle(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            raise RuntimeError(f"ProxyApp serves http only, not {kind!r}")
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = find_context(scope)
+        try:
+            body = await self._read_body(scope, receive)
+        except _ClientGone:
+            if ctx is not None:
+                ctx.client_gone = True
+            return
+        if body is None:
+            await send_json(send, 413, {"error": "payload_too_large",
+                                        "max_body_bytes": self.config.max_body_bytes})  # fmt: skip
+            return
+        timeout, deadline_ms = self._timeout_for(ctx)
+        if timeout is None:
+            await self._failure(send, ctx, "timeout")
+            return
+        request = httpx.Request(
+            scope["method"],
+            self._target.url(scope),
+            headers=request_headers(scope, deadline_ms),
+            content=body,
+            extensions={"timeout": timeout},
+        )
+        await self._exchange(request, scope, receive, send, ctx)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole request body, or None when it is larger than the limit."""
+        limit = self.config.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                return None
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            return body if len(body) <= limit else None
+        return await self._read_rest(receive, [body], len(body), limit)
+
+    async def _read_rest(
+        self, receive: Receive, chunks: list[bytes], size: int, limit: int
+    ) -> bytes | None:
+        more = True
+        while more:
+            if size > limit:
+                return None
+            message = await receive()
+            if message["type"] != "http.request":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks) if size <= limit else None
+
+    def _timeout_for(
+        self, ctx: RequestContext | None
+    ) -> tuple[dict[str, Any] | None, bytes | None]:
+        """httpx timeouts and the X-Deadline-Ms value; (None, None) when the deadline passed."""
+        if ctx is None or ctx.deadline is None:
+            return self._default_timeout, None
+        remaining_s = ctx.deadline - self.clock()
+        if remaining_s <= 0.0:
+            return None, None
+        header = str(int(remaining_s * 1000.0)).encode("ascii")
+        return _timeouts(remaining_s, self.config), header
+
+    async def _exchange(
+        self,
+        request: httpx.Request,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext | None,
+    ) -> None:
+        transport = self._transport
+        if transport is None:
+            await self.startup()
+            transport = self._transport
+            assert transport is not None
+        started = self.clock()
+        try:
+            response = await transport.handle_async_request(request)
+        except httpx.TransportError as exc:
+            await self._failure(send, ctx, _kind(exc))
+            return
+        if self.metrics is not None:
+            self.metrics.upstream_latency.observe(self.clock() - started)
+        try:
+            await self._respond(response, scope, receive, send, ctx)
+        finally:
+            await response.aclose()
+
+    async def _respond(
+        self,
+        response: httpx.Response,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext | None,
+    ) -> None:
+        status = response.status_code
+        headers, length = response_headers(response.headers.raw)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+        except OSError:
+            _gone(ctx)
+            return
+        if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES or status < 200:
+            length = 0
+        try:
+            await _stream(response.stream, length, receive, send, ctx)
+        except httpx.TransportError as exc:
+            self._count_error(ctx, _kind(exc))
+
+    async def _failure(self, send: Send, ctx: RequestContext | None, kind: str) -> None:
+        """The one place an upstream failure becomes a response (502 or 504)."""
+        self._count_error(ctx, kind)
+        status, payload = _ERROR_BODIES[kind]
+        await send_json(send, status, payload)
+
+    def _count_error(self, ctx: RequestContext | None, kind: str) -> None:
+        if ctx is not None:
+            ctx.upstream_error = kind
+            ctx.outcome = Outcome.DROPPED
+        if self.metrics is not None:
+            self.metrics.upstream_errors.labels(kind).inc()
+
+
+async def _stream(
+    stream: Any, length: int | None, receive: Receive, send: Send, ctx: RequestContext | None
+) -> None:
+    """Send the upstream body; stop (and let the caller close upstream) if the client leaves."""
+    sent = 0
+    finished = False
+    watcher: asyncio.Task[Any] | None = None
+    try:
+        async for chunk in stream:
+            if finished or not chunk or length == 0:
+                continue  # drain to EOF so the connection can be reused
+            if watcher is not None and watcher.done():
+                _gone(ctx)
+                return
+            sent += len(chunk)
+            finished = length is not None and sent >= length
+            await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
+            if watcher is None and not finished:
+                watcher = asyncio.ensure_future(_disconnected(receive))
+        if not finished and (length is None or length == 0):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        _gone(ctx)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (the request body was already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _gone(ctx: RequestContext | None) -> None:
+    if ctx is not None:
+        ctx.client_gone = True
+
+
+def _kind(exc: httpx.TransportError) -> str:
+    """Map an httpx failure to the proxy's error kind (the single mapping)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    return "protocol"
+
+
+def _timeouts(seconds: float, config: ProxyConfig) -> Timeouts:
+    connect = min(seconds, config.connect_timeout_ms / 1000.0)
+    return {"connect": connect, "read": seconds, "write": seconds, "pool": seconds}
+
+
+def _refuse_cookies() -> Any:
+    from http.cookiejar import CookieJar
+
+    class _RefusingJar(CookieJar):
+        def extract_cookies(self, response: Any, request: Any) -> None:
+            return None
+
+        def set_cookie(self, cookie: Any) -> None:
+            return None
+
+    return _RefusingJar()
+
+
+__all__ = ["ProxyApp"]

@@ -1,0 +1,230 @@
+"""The priority queue with a LIFO tail (pure: waiters are plain objects, time is passed in).
+
+**Order.** Tiers are served strictly by priority (CRITICAL, then STANDARD,
+then BULK). Within a tier the queue is FIFO while the tier's depth is at or
+below ``lifo_threshold`` and LIFO (newest first) above it: under overload the
+oldest waiter is the closest to its deadline, so serving it first spends
+capacity on answers nobody will wait for.
+
+**Bounds.** At most ``max_size`` waiters in total. With ``per_priority`` the
+non-critical tiers together may hold only ``floor((1 - reserved_fraction) *
+max_size)`` waiters; the rest is reserved for CRITICAL, which may use it all.
+
+**Displacement.** When a newcomer does not fit, the *oldest waiter of the
+lowest non-empty tier strictly below the newcomer's* is displaced (shed with
+``queue_full``): the lowest tier gives way first, and within it the oldest is
+the one closest to timing out anyway. A newcomer with no lower tier to
+displace is refused (``queue_full``).
+
+**Expiry.** A waiter carries its absolute ``deadline`` and optional
+``timeout_at`` (arrival + queue timeout). ``Waiter.expiry()`` says when and
+why it must leave (the adapter arms one timer per waiter from it);
+``expire(now)`` removes every waiter due, for tests and polling callers.
+
+**Dispatch.** ``dispatch(queue, limiter, now, deliver)`` hands free permits to
+the best waiters. ``deliver(waiter, permit)`` returns False when the waiter
+can no longer take it (its client went away, it timed out at the same
+instant); the same permit then goes to the next waiter, and a permit nobody
+takes is released as IGNORED. So a permit is never leaked nor granted twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ballast_asgi.limiter import Limiter, Permit
+from ballast_asgi.outcomes import Outcome, ShedReason
+from ballast_asgi.priority import ALL_PRIORITIES, Priority
+
+_SEQ = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One request waiting for a permit."""
+
+    priority: Priority
+    enqueued_at: float
+    #: Absolute deadline (monotonic seconds) or None.
+    deadline: float | None = None
+    #: enqueued_at + queue timeout, or None.
+    timeout_at: float | None = None
+    #: Opaque adapter data (e.g. the future the request awaits).
+    handle: Any = None
+    seq: int = field(default_factory=lambda: next(_SEQ))
+
+    def expiry(self) -> tuple[float, ShedReason] | None:
+        """When this waiter must leave the queue, and why (None: never)."""
+        if self.deadline is None and self.timeout_at is None:
+            return None
+        if self.timeout_at is None or (
+            self.deadline is not None and self.deadline <= self.timeout_at
+        ):
+            assert self.deadline is not None
+            return self.deadline, ShedReason.DEADLINE
+        return self.timeout_at, ShedReason.QUEUE_TIMEOUT
+
+
+@dataclass(slots=True)
+class PushResult:
+    """What happened to a newcomer: accepted (maybe displacing a waiter) or refused."""
+
+    accepted: bool
+    displaced: Waiter | None = None
+
+
+class PriorityQueue:
+    """Bounded three-tier queue, FIFO below ``lifo_threshold`` and LIFO above."""
+
+    def __init__(
+        self,
+        *,
+        max_size: int = 1000,
+        lifo_threshold: int = 16,
+        per_priority: bool = True,
+        reserved_fraction: float = 0.5,
+    ) -> None:
+        self.reconfigure(
+            max_size=max_size,
+            lifo_threshold=lifo_threshold,
+            per_priority=per_priority,
+            reserved_fraction=reserved_fraction,
+        )
+        self._tiers: dict[Priority, deque[Waiter]] = {p: deque() for p in ALL_PRIORITIES}
+        self._total = 0
+
+    def reconfigure(
+        self,
+        *,
+        max_size: int,
+        lifo_threshold: int,
+        per_priority: bool,
+        reserved_fraction: float,
+    ) -> None:
+        """Change the bounds (config reload). Waiters already queued stay queued;
+        only later pushes see the new bounds."""
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        if lifo_threshold < 0:
+            raise ValueError(f"lifo_threshold must be >= 0, got {lifo_threshold}")
+        if not 0.0 <= reserved_fraction <= 1.0:
+            raise ValueError(f"reserved_fraction must be in [0, 1], got {reserved_fraction}")
+        self.max_size = max_size
+        self.lifo_threshold = lifo_threshold
+        self.per_priority = per_priority
+        self.reserved_fraction = reserved_fraction
+        shared = int((1.0 - reserved_fraction) * max_size) if per_priority else max_size
+        #: How many non-critical waiters may queue.
+        self.shared_cap = shared
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def total(self) -> int:
+        """Waiters queued, all tiers."""
+        return self._total
+
+    def depth(self, priority: Priority) -> int:
+        """Waiters queued in one tier."""
+        return len(self._tiers[priority])
+
+    def ahead_of(self, priority: Priority) -> int:
+        """How many waiters a newcomer of ``priority`` would wait behind."""
+        higher = sum(len(self._tiers[p]) for p in ALL_PRIORITIES if p < priority)
+        own = len(self._tiers[priority])
+        return higher if own >= self.lifo_threshold else higher + own
+
+    def snapshot(self) -> dict[str, object]:
+        """JSON-safe state for ``/snapshot``."""
+        return {
+            "depth": {p.label: len(self._tiers[p]) for p in ALL_PRIORITIES},
+            "total": self._total,
+            "max_size": self.max_size,
+            "shared_cap": self.shared_cap,
+            "lifo_threshold": self.lifo_threshold,
+            "per_priority": self.per_priority,
+        }
+
+    # -- mutation -------------------------------------------------------------
+    def push(self, waiter: Waiter) -> PushResult:
+        """Queue ``waiter``, displacing a lower-tier waiter if it is full."""
+        displaced = None
+        if not self._fits(waiter.priority):
+            displaced = self._victim(waiter.priority)
+            if displaced is None:
+                return PushResult(accepted=False)
+            self.remove(displaced)
+        self._tiers[waiter.priority].append(waiter)
+        self._total += 1
+        return PushResult(accepted=True, displaced=displaced)
+
+    def pop_best(self) -> Waiter | None:
+        """The next waiter to serve (highest tier; FIFO or LIFO by depth), removed."""
+        for p in ALL_PRIORITIES:
+            tier = self._tiers[p]
+            if tier:
+                self._total -= 1
+                return tier.pop() if len(tier) > self.lifo_threshold else tier.popleft()
+        return None
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out (timeout, disconnect); False if it was not queued."""
+        try:
+            self._tiers[waiter.priority].remove(waiter)
+        except ValueError:
+            return False
+        self._total -= 1
+        return True
+
+    def expire(self, now: float) -> list[tuple[Waiter, ShedReason]]:
+        """Remove and return every waiter whose expiry is at or before ``now``."""
+        due = []
+        for tier in self._tiers.values():
+            for w in tier:
+                exp = w.expiry()
+                if exp is not None and exp[0] <= now:
+                    due.append((w, exp[1]))
+        for w, _ in due:
+            self.remove(w)
+        return due
+
+    def _fits(self, priority: Priority) -> bool:
+        if self._total >= self.max_size:
+            return False
+        if priority is Priority.CRITICAL:
+            return True
+        return self._total - len(self._tiers[Priority.CRITICAL]) < self.shared_cap
+
+    def _victim(self, priority: Priority) -> Waiter | None:
+        for p in reversed(ALL_PRIORITIES):
+            if p <= priority:
+                return None
+            if self._tiers[p]:
+                return self._tiers[p][0]
+        return None
+
+
+def dispatch(
+    queue: PriorityQueue,
+    limiter: Limiter,
+    now: float,
+    deliver: Callable[[Waiter, Permit], bool],
+) -> int:
+    """Grant free permits to the best waiters; return how many were granted."""
+    granted = 0
+    permit: Permit | None = None
+    while queue.total:
+        if permit is None:
+            permit = limiter.try_acquire(now)
+            if permit is None:
+                break
+        waiter = queue.pop_best()
+        if waiter is not None and deliver(waiter, permit):
+            granted += 1
+            permit = None
+    if permit is not None:
+        permit.release(Outcome.IGNORED, now)
+    return granted

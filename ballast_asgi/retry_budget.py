@@ -1,0 +1,173 @@
+"""Retry budget: retries are a bounded share of original requests (pure).
+
+A retry is allowed only while the retries granted in the trailing window stay
+within an allowance proportional to the original requests in that window::
+
+    allowance(now) = budget_ratio * originals_in_window(now) + floor
+    floor          = min_retries_per_s * window_s
+    grant a retry  iff  retries_in_window(now) + 1 <= allowance(now)
+
+Defaults: ``budget_ratio = 0.1`` (at most 10% extra load), ``window_ms =
+10_000``, ``min_retries_per_s = 1.0`` (so ``floor = 10`` retries per window:
+a quiet service can still retry at all). As failures rise, originals stay
+flat, so the allowance stays flat: retry load is bounded exactly when it would
+otherwise compound. ``balance(now) = max(0, allowance - retries_in_window)``.
+
+The window is kept in ``buckets`` (default 10) ring slots of ``window_s /
+buckets`` seconds each, so memory is bounded and every call is O(buckets).
+"In the window" means "in the current bucket or the ``buckets - 1`` before
+it": a span of between ``window_s - bucket_s`` and ``window_s`` seconds.
+Hence the exact guarantee, checked by the property tests: whenever a retry is
+granted at ``t``,
+
+    retries granted in (t - window_s + bucket_s, t]
+        <= budget_ratio * originals in (t - window_s, t] + floor
+
+and over any interval of length ``L`` the retries are at most
+``budget_ratio * originals(in the interval and the window before it) +
+floor * (floor(L / (window_s - bucket_s)) + 1)``. No online budget can do
+better than "originals recently seen": a retry cannot be revoked when the
+original that paid for it leaves the window.
+
+Reference: Finagle's ``RetryBudget`` and Envoy's ``RetryBudget``
+(``budget_percent``, ``min_retry_concurrency``), on a time window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ballast_asgi.config import RetryConfig
+
+DEFAULT_BUCKETS = 10
+_NEVER = -(2**62)
+
+
+class WindowCounts:
+    """Counts of a few event kinds over a trailing time window, in ring buckets.
+
+    ``add(now, kind)`` and ``total(now, kind)`` are O(buckets). Time never runs
+    backwards here: an older ``now`` is treated as the newest time seen.
+    """
+
+    __slots__ = ("_epochs", "_latest", "_n", "_per_s", "_values", "bucket_s", "window_s")
+
+    def __init__(self, window_s: float, *, buckets: int = DEFAULT_BUCKETS, kinds: int = 2) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        if not 1 <= buckets <= 1_000:
+            raise ValueError(f"buckets must be in 1..1000, got {buckets}")
+        self.window_s = window_s
+        self.bucket_s = window_s / buckets
+        self._per_s = buckets / window_s
+        self._n = buckets
+        self._latest = _NEVER
+        self._epochs = [_NEVER] * buckets
+        self._values = [[0] * buckets for _ in range(kinds)]
+
+    def _epoch(self, now: float) -> int:
+        epoch = max(self._latest, math.floor(now * self._per_s))
+        self._latest = epoch
+        return epoch
+
+    def add(self, now: float, kind: int, n: int = 1) -> None:
+        """Count ``n`` events of ``kind`` at ``now``."""
+        epoch = self._epoch(now)
+        slot = epoch % self._n
+        if self._epochs[slot] != epoch:
+            self._epochs[slot] = epoch
+            for values in self._values:
+                values[slot] = 0
+        self._values[kind][slot] += n
+
+    def total(self, now: float, kind: int) -> int:
+        """Events of ``kind`` in the current bucket and the ``buckets - 1`` before it."""
+        epoch = self._epoch(now)
+        oldest = epoch - self._n + 1
+        values = self._values[kind]
+        return sum(values[i] for i, e in enumerate(self._epochs) if e >= oldest)
+
+    def clear(self) -> None:
+        """Forget every event."""
+        self._epochs = [_NEVER] * self._n
+        for values in self._values:
+            values[:] = [0] * self._n
+
+
+_ORIGINAL = 0
+_RETRY = 1
+
+
+class RetryBudget:
+    """A shared allowance of retries: ``budget_ratio`` of originals plus a floor."""
+
+    def __init__(
+        self,
+        *,
+        budget_ratio: float = 0.1,
+        window_ms: int = 10_000,
+        min_retries_per_s: float = 1.0,
+        buckets: int = DEFAULT_BUCKETS,
+    ) -> None:
+        if not 0.0 <= budget_ratio <= 1.0:
+            raise ValueError(f"budget_ratio must be in [0, 1], got {budget_ratio}")
+        if not window_ms >= 1:
+            raise ValueError(f"window_ms must be >= 1, got {window_ms}")
+        if not min_retries_per_s >= 0.0:
+            raise ValueError(f"min_retries_per_s must be >= 0, got {min_retries_per_s}")
+        self.budget_ratio = budget_ratio
+        self.window_s = window_ms / 1000.0
+        self.min_retries_per_s = min_retries_per_s
+        #: Retries always allowed per window, whatever the traffic.
+        self.floor = min_retries_per_s * self.window_s
+        self._window = WindowCounts(self.window_s, buckets=buckets, kinds=2)
+        self._originals_total = 0
+        self._granted_total = 0
+        self._denied_total = 0
+
+    @classmethod
+    def from_config(cls, config: RetryConfig) -> RetryBudget:
+        """Build from the ``retry`` section of the gateway config."""
+        return cls(
+            budget_ratio=config.budget_ratio,
+            window_ms=config.window_ms,
+            min_retries_per_s=config.min_retries_per_s,
+        )
+
+    def record_original(self, now: float) -> None:
+        """Count one original (first-attempt) request."""
+        self._window.add(now, _ORIGINAL)
+        self._originals_total += 1
+
+    def allowance(self, now: float) -> float:
+        """Retries the window allows in total: ratio * originals + floor."""
+        return self.budget_ratio * self._window.total(now, _ORIGINAL) + self.floor
+
+    def try_acquire_retry(self, now: float) -> bool:
+        """Take one retry from the budget; False (and nothing taken) when empty."""
+        if self._window.total(now, _RETRY) + 1 <= self.allowance(now):
+            self._window.add(now, _RETRY)
+            self._granted_total += 1
+            return True
+        self._denied_total += 1
+        return False
+
+    def balance(self, now: float) -> float:
+        """Retries still available in the window right now (>= 0)."""
+        return max(0.0, self.allowance(now) - self._window.total(now, _RETRY))
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """JSON-safe state for ``/snapshot``."""
+        return {
+            "balance": round(self.balance(now), 3),
+            "originals_in_window": self._window.total(now, _ORIGINAL),
+            "retries_in_window": self._window.total(now, _RETRY),
+            "originals_total": self._originals_total,
+            "retries_granted_total": self._granted_total,
+            "retries_denied_total": self._denied_total,
+            "budget_ratio": self.budget_ratio,
+            "window_s": self.window_s,
+            "floor": self.floor,
+        }

@@ -1,0 +1,199 @@
+"""Build the four stages around an inner ASGI app from one ``GatewayConfig``.
+
+Shared by the standalone gateway (inner app: ``ProxyApp``) and by
+``ballast_asgi.install`` (inner app: the user's own handlers). The stateful
+collaborators live in ``Parts`` so that a config reload can rebuild the
+(stateless) middleware chain around the same limiter, queue and breaker
+without dropping an in-flight or queued request.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ballast_asgi.breaker import Breaker
+from ballast_asgi.capacity import Capacity
+from ballast_asgi.classify import Classifier
+from ballast_asgi.config import GatewayConfig
+from ballast_asgi.early_drop import EarlyDropEstimator, make_drain_estimate
+from ballast_asgi.limit import LimitAlgorithm, make_limit
+from ballast_asgi.limiter import Limiter
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.middleware.admission import AdmissionMiddleware
+from ballast_asgi.middleware.breaker import BreakerMiddleware
+from ballast_asgi.middleware.capacity import CapacityMiddleware
+from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
+from ballast_asgi.middleware.queueing import QueueMiddleware
+from ballast_asgi.queue import PriorityQueue
+from ballast_asgi.responses import ShedResponder
+from ballast_asgi.retry_budget import RetryBudget
+from ballast_asgi.types import ASGIApp, Clock
+
+
+@dataclass(eq=False)
+class Parts:
+    """The long-lived, stateful collaborators of one stack."""
+
+    metrics: Metrics
+    responder: ShedResponder
+    limiter: Limiter
+    queue: PriorityQueue
+    breaker: Breaker
+    budget: RetryBudget
+    clock: Clock
+    rng: random.Random
+    #: The held-requests / buffered-bytes cap (CapacityMiddleware).
+    capacity: Capacity | None = None
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Every collaborator's state as one JSON-safe document."""
+        return {
+            "limiter": self.limiter.snapshot(now),
+            "queue": self.queue.snapshot(),
+            "breaker": self.breaker.snapshot(now),
+            "retry_budget": self.budget.snapshot(now),
+            "shed": _shed_counts(self.metrics),
+            "capacity": self.capacity.snapshot() if self.capacity else None,
+        }
+
+
+def make_algorithm(config: GatewayConfig, rng: random.Random) -> LimitAlgorithm:
+    """The configured limit algorithm, bounded by the config's caps."""
+    lc = config.limiter
+    if lc.algorithm == "fixed":
+        return make_limit("fixed", limit=config.fixed_limit)
+    max_limit = config.max_limit
+    return make_limit(
+        lc.algorithm,
+        initial_limit=min(lc.initial_limit, max_limit),
+        min_limit=min(lc.min_limit, max_limit),
+        max_limit=max_limit,
+        window_ms=lc.window_ms,
+        rng=rng,
+    )
+
+
+def build_parts(
+    config: GatewayConfig,
+    metrics: Metrics,
+    *,
+    clock: Clock = time.monotonic,
+    rng: random.Random | None = None,
+) -> Parts:
+    """Create the collaborators described by ``config``."""
+    rng = rng or random.Random()
+    responder = ShedResponder(
+        metrics, status=config.shed.status, jitter=config.shed.retry_after_jitter, rng=rng
+    )
+    cap = config.max_concurrent_requests
+    limiter = Limiter(make_algorithm(config, rng), max_limit=cap)
+    q = config.admission_queue
+    queue = PriorityQueue(
+        max_size=q.max_queue_size,
+        lifo_threshold=q.lifo_threshold,
+        per_priority=q.per_priority,
+        reserved_fraction=q.reserved_fraction,
+    )
+    responder.drain_estimate = make_drain_estimate(queue, limiter, clock)
+    return Parts(
+        metrics=metrics,
+        responder=responder,
+        limiter=limiter,
+        queue=queue,
+        breaker=Breaker.from_config(config.breaker),
+        budget=RetryBudget.from_config(config.retry),
+        clock=clock,
+        rng=rng,
+        capacity=_make_capacity(config),
+    )
+
+
+def build_stack(inner: ASGIApp, parts: Parts, config: GatewayConfig, *, retries: bool) -> ASGIApp:
+    """Wrap ``inner`` in breaker, concurrency, queue and admission stages."""
+    app: ASGIApp = inner
+    if config.breaker.enabled or (retries and config.retry.enabled):
+        retry = config.retry if retries else config.retry.model_copy(update={"enabled": False})
+        app = BreakerMiddleware(
+            app,
+            breaker=parts.breaker,
+            budget=parts.budget,
+            responder=parts.responder,
+            metrics=parts.metrics,
+            config=retry,
+            clock=parts.clock,
+            rng=parts.rng,
+        )
+    app = ConcurrencyMiddleware(
+        app, limiter=parts.limiter, responder=parts.responder, metrics=parts.metrics,
+        clock=parts.clock,
+    )  # fmt: skip
+    if config.admission_queue.enabled:
+        app = QueueMiddleware(
+            app,
+            limiter=parts.limiter,
+            queue=parts.queue,
+            responder=parts.responder,
+            metrics=parts.metrics,
+            queue_timeout_ms=config.admission_queue.queue_timeout_ms,
+            clock=parts.clock,
+        )
+    if parts.capacity is None:
+        parts.capacity = _make_capacity(config)
+    app = CapacityMiddleware(app, capacity=parts.capacity, responder=parts.responder)
+    early = EarlyDropEstimator(parts.limiter, parts.queue) if config.admission.early_drop else None
+    return AdmissionMiddleware(
+        app,
+        responder=parts.responder,
+        metrics=parts.metrics,
+        default_priority=config.priority.default,
+        default_deadline_ms=config.admission.default_deadline_ms,
+        classifier=Classifier(config.priority),
+        early_drop=early,
+        clock=parts.clock,
+    )
+
+
+def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now: float) -> None:
+    """Apply a new config to the live collaborators, keeping in-flight state."""
+    if new.limiter != old.limiter or new.max_concurrent_requests != old.max_concurrent_requests:
+        parts.limiter.set_algorithm(
+            make_algorithm(new, parts.rng), max_limit=new.max_concurrent_requests
+        )
+    q = new.admission_queue
+    parts.queue.reconfigure(
+        max_size=q.max_queue_size,
+        lifo_threshold=q.lifo_threshold,
+        per_priority=q.per_priority,
+        reserved_fraction=q.reserved_fraction,
+    )
+    parts.responder.status = new.shed.status
+    if parts.capacity is not None:
+        c = new.capacity
+        parts.capacity.reconfigure(c.max_held_requests, c.max_buffered_bytes, c.reserved_fraction)
+    parts.responder.jitter = new.shed.retry_after_jitter
+    if new.breaker != old.breaker:
+        parts.breaker = Breaker.from_config(new.breaker)
+    if new.retry != old.retry:
+        parts.budget = RetryBudget.from_config(new.retry)
+
+
+def _make_capacity(config: GatewayConfig) -> Capacity:
+    c = config.capacity
+    return Capacity(
+        c.max_held_requests,
+        max_buffered_bytes=c.max_buffered_bytes,
+        reserved_fraction=c.reserved_fraction,
+    )
+
+
+def _shed_counts(metrics: Metrics) -> dict[str, dict[str, float]]:
+    counts: dict[str, dict[str, float]] = {}
+    for family in metrics.shed.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.value:
+                by_reason = counts.setdefault(sample.labels["reason"], {})
+                by_reason[sample.labels["priority"]] = sample.value
+    return counts

@@ -1,0 +1,219 @@
+"""The proxy's default httpx transport: one aiohttp ``ClientSession`` behind the httpx API.
+
+Why: httpx's own connection pool costs about 1.2-2 ms of CPU per proxied request
+on the reference machine and collapses near 600-900 rps; aiohttp's holds about
+7,000 rps (docs/adr/0003-fast-proxy-transport.md has the numbers). The proxy
+stays an httpx user (requests, responses, exceptions, ``httpx.MockTransport``
+and respx in tests); only the wire work is aiohttp's.
+
+Proxy-correct settings: no cookie jar (``DummyCookieJar``), no automatic
+decompression, no added ``User-Agent`` / ``Accept-Encoding`` / ``Accept``,
+no redirects, no environment proxies, repeated headers passed as a list.
+
+Timeouts come from ``request.extensions["timeout"]`` (httpx's
+``{"connect", "read", "write", "pool"}`` in seconds): ``pool + connect`` bounds
+getting a connection, ``read`` bounds each socket read. aiohttp's errors are
+mapped to httpx's, so that the proxy translates failures in one place:
+
+==========================================  ==============================
+aiohttp                                     httpx
+==========================================  ==============================
+ConnectionTimeoutError                      ConnectTimeout
+any other TimeoutError                      ReadTimeout
+ClientConnectorError (refused, DNS, ...)    ConnectError
+ServerDisconnectedError, ClientPayloadError RemoteProtocolError
+ClientResponseError (bad status line, ...)  RemoteProtocolError
+ClientOSError (reset, broken pipe)          ReadError
+any other aiohttp.ClientError               RemoteProtocolError
+==========================================  ==============================
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import aiohttp
+import httpx
+from yarl import URL
+
+from ballast_asgi.config import ProxyConfig
+
+#: Headers aiohttp would add on its own; a proxy adds none of them.
+_SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept")
+_HTTP_11 = {"http_version": b"HTTP/1.1"}
+_LARGE_BODY_BYTES = 1 << 20
+_SLICE_BYTES = 256 * 1024
+
+
+def map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+    """The httpx exception that stands for an aiohttp (or socket) failure."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message, request=request)
+    if isinstance(exc, TimeoutError):
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message, request=request)
+    if isinstance(exc, aiohttp.ClientOSError | ConnectionError):
+        return httpx.ReadError(message, request=request)
+    return httpx.RemoteProtocolError(message, request=request)
+
+
+def _timeout(extensions: Mapping[str, object]) -> aiohttp.ClientTimeout:
+    """aiohttp's per-request timeout from httpx's ``timeout`` extension."""
+    t = extensions.get("timeout")
+    if not isinstance(t, dict):
+        return aiohttp.ClientTimeout(total=None)
+    connect, pool, read = t.get("connect"), t.get("pool"), t.get("read")
+    acquire = None if connect is None else connect + (pool or 0.0)
+    return aiohttp.ClientTimeout(total=None, connect=acquire, sock_connect=connect, sock_read=read)
+
+
+class AiohttpResponseStream(httpx.AsyncByteStream):
+    """The raw (undecoded) body of an aiohttp response; releases it on close."""
+
+    __slots__ = ("_done", "_request", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        content = self._response.content
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                yield chunk
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self._response.close()
+            raise map_error(exc, self._request) from exc
+        self._done = True
+
+    async def aclose(self) -> None:
+        """Return the connection to the pool, or close it when the body was not read."""
+        if self._done:
+            self._response.release()
+        else:
+            self._response.close()
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over one lazily created ``aiohttp.ClientSession``."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 1_000,
+        keepalive_s: float = 30.0,
+        max_field_size: int = 65_536,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.max_connections = max_connections
+        self.keepalive_s = keepalive_s
+        self.max_field_size = max_field_size
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=self.keepalive_s,
+            ttl_dns_cache=60,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO_HEADERS,
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            max_field_size=self.max_field_size,
+            max_line_size=self.max_field_size,
+        )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through aiohttp and return a streaming httpx response."""
+        session = self._session
+        if session is None or session.closed:
+            session = self._open()
+        try:
+            response = await session.request(
+                request.method,
+                URL(str(request.url), encoded=True),
+                headers=[
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
+                ],
+                data=_body(request),
+                allow_redirects=False,
+                timeout=_timeout(request.extensions),
+                compress=None,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise map_error(exc, request) from exc
+        return httpx.Response(
+            response.status,
+            headers=list(response.raw_headers),
+            stream=AiohttpResponseStream(response, request),
+            extensions=_HTTP_11,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        """Close the session and its connections."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+
+def _headers(request: httpx.Request) -> list[tuple[str, str]]:
+    """The request's raw headers as aiohttp takes them (a list keeps repeats)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+
+
+def _body(request: httpx.Request) -> bytes | AsyncIterator[bytes] | None:
+    """The request body: bytes when httpx has it in memory, else its stream.
+
+    Bodies over 1 MiB go as 256 KiB slices (aiohttp warns that one large
+    bytes write may block the loop); the Content-Length httpx set keeps the
+    framing identical.
+    """
+    try:
+        content = request.content
+    except httpx.RequestNotRead:
+        return _aiter(request.stream)
+    if len(content) > _LARGE_BODY_BYTES:
+        return _slices(content)
+    return content or None
+
+
+async def _slices(content: bytes) -> AsyncIterator[bytes]:
+    view = memoryview(content)
+    for start in range(0, len(view), _SLICE_BYTES):
+        yield bytes(view[start : start + _SLICE_BYTES])
+
+
+async def _aiter(stream: object) -> AsyncIterator[bytes]:
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise TypeError("a streaming request body must be an httpx.AsyncByteStream")
+    async for chunk in stream:
+        yield chunk
+
+
+def make_transport(config: ProxyConfig) -> httpx.AsyncBaseTransport:
+    """The proxy's transport chosen by ``config.transport`` ("aiohttp" or "httpx")."""
+    if config.transport == "aiohttp":
+        return AiohttpTransport(max_connections=config.max_connections)
+    limits = httpx.Limits(
+        max_connections=config.max_connections,
+        max_keepalive_connections=config.max_connections,
+        keepalive_expiry=30.0,
+    )
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0)
+
+
+__all__ = ["AiohttpResponseStream", "AiohttpTransport", "make_transport", "map_error"]

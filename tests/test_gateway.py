@@ -1,0 +1,142 @@
+"""The composed gateway in-process: proxying, shedding, admin, snapshot, reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ballast_asgi.config import load_config
+from ballast_asgi.gateway import Gateway, build_gateway
+
+pytestmark = pytest.mark.anyio
+
+
+class Upstream:
+    """A MockTransport handler that counts calls and echoes the deadline header."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        deadline = request.headers.get("x-deadline-ms", "")
+        return httpx.Response(200, json={"path": request.url.path, "deadline": deadline})
+
+
+def _gateway(up: Upstream, tmp_path: Path | None = None, text: str = "") -> Gateway:
+    if tmp_path is None:
+        config = load_config(env={"BALLAST_UPSTREAM": "http://up.test"})
+        return build_gateway(config, transport=httpx.MockTransport(up), env={})
+    path = tmp_path / "ballast.yaml"
+    path.write_text("upstream: http://up.test\n" + text)
+    config = load_config(env={}, path=path)
+    return build_gateway(config, transport=httpx.MockTransport(up), config_path=path, env={})
+
+
+def _client(gw: Gateway) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(gw), base_url="http://gw")
+
+
+async def test_proxies_through_every_stage() -> None:
+    """A request goes through all stages to the upstream with its deadline reduced."""
+    up = Upstream()
+    gw = _gateway(up)
+    async with _client(gw) as c:
+        r = await c.get("/orders/1", headers={"X-Priority": "critical", "X-Deadline-Ms": "400"})
+    assert r.status_code == 200
+    assert r.json()["path"] == "/orders/1"
+    assert 0 < int(r.json()["deadline"]) <= 400
+    assert gw.parts.limiter.inflight == 0
+
+
+async def test_dead_on_arrival_never_reaches_upstream() -> None:
+    """X-Deadline-Ms <= 0 is shed with the pinned headers and no upstream call."""
+    up = Upstream()
+    async with _client(_gateway(up)) as c:
+        r = await c.get("/x", headers={"X-Deadline-Ms": "0"})
+    assert r.status_code == 429
+    assert r.headers["x-ballast-reason"] == "deadline"
+    assert int(r.headers["retry-after"]) >= 1
+    assert up.calls == 0
+
+
+@pytest.mark.parametrize(("header", "value"), [("X-Priority", "urgent"), ("X-Deadline-Ms", "soon")])
+async def test_malformed_headers_get_400_naming_the_header(header: str, value: str) -> None:
+    """Malformed tier or deadline: 400 whose message names the header."""
+    up = Upstream()
+    async with _client(_gateway(up)) as c:
+        r = await c.get("/x", headers={header: value})
+    assert r.status_code == 400
+    assert header in r.json()["message"]
+    assert up.calls == 0
+
+
+async def test_metrics_and_snapshot_are_served_not_proxied() -> None:
+    """Admin paths answer locally with parseable metrics and a full snapshot."""
+    up = Upstream()
+    gw = _gateway(up)
+    async with _client(gw) as c:
+        await c.get("/x", headers={"X-Deadline-Ms": "-1", "X-Priority": "bulk"})
+        text = (await c.get("/_ballast/metrics")).text
+        snap = (await c.get("/_ballast/snapshot")).json()
+        health = await c.get("/_ballast/health")
+    assert up.calls == 0 and health.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    key = ("ballast_shed_total", (("priority", "bulk"), ("reason", "deadline")))
+    assert samples[key] == 1.0
+    assert ("ballast_concurrency_limit", ()) in samples
+    assert ("ballast_inflight_requests", ()) in samples
+    assert set(snap) >= {"limiter", "queue", "breaker", "retry_budget", "config", "shed"}
+    assert snap["shed"] == {"deadline": {"bulk": 1.0}}
+    assert snap["config"]["version"] == 1
+
+
+async def test_admin_port_app_serves_root_paths() -> None:
+    """The admin-port app serves /metrics and /snapshot at its root."""
+    gw = _gateway(Upstream())
+    transport = httpx.ASGITransport(gw.admin_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as c:
+        assert (await c.get("/metrics")).status_code == 200
+        assert (await c.get("/snapshot")).json()["limiter"]["inflight"] == 0
+
+
+async def test_reload_applies_new_limit_and_rejects_invalid(tmp_path: Path) -> None:
+    """A valid new file is applied (version bumps); an invalid one is refused, old stays."""
+    gw = _gateway(Upstream(), tmp_path, "limiter:\n  algorithm: fixed\n  fixed_limit: 8\n")
+    assert gw.parts.limiter.limit == 8
+    path = tmp_path / "ballast.yaml"
+    path.write_text("upstream: http://up.test\nlimiter:\n  algorithm: fixed\n  fixed_limit: 32\n")
+    ok, message = await gw.reload()
+    assert ok, message
+    assert gw.parts.limiter.limit == 32
+    assert gw.snapshot()["config"]["version"] == 2
+    path.write_text("upstream: http://up.test\nadmission_queue:\n  max_queue_size: 0\n")
+    ok, message = await gw.reload()
+    assert not ok and "admission_queue.max_queue_size" in message
+    assert gw.parts.limiter.limit == 32 and gw.version == 2
+
+
+async def test_reload_endpoint_requires_token(tmp_path: Path) -> None:
+    """POST /_ballast/reload works only with the configured bearer token."""
+    gw = _gateway(Upstream(), tmp_path, "admin:\n  token: t0k\n")
+    async with _client(gw) as c:
+        assert (await c.post("/_ballast/reload")).status_code == 401
+        r = await c.post("/_ballast/reload", headers={"Authorization": "Bearer t0k"})
+    assert r.status_code == 200 and r.json()["reloaded"] is True
+
+
+async def test_missing_upstream_is_a_config_error() -> None:
+    """Building the gateway without an upstream fails with a named error."""
+    from ballast_asgi.config import build_config
+    from ballast_asgi.errors import ConfigError
+
+    config = build_config({}, require_upstream=False)
+    with pytest.raises(ConfigError, match="BALLAST_UPSTREAM"):
+        build_gateway(config)

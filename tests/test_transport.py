@@ -1,0 +1,204 @@
+"""The aiohttp transport's error mapping and settings, against real sockets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from ballast_asgi.config import ProxyConfig
+from ballast_asgi.transport import AiohttpTransport, make_transport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\nok"
+
+
+@asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[str]:
+    """An in-process TCP server on a free loopback port; yields its base URL."""
+    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def read_head(reader: asyncio.StreamReader) -> bytes:
+    """The request line and headers."""
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+async def send_once(url: str, timeouts: dict[str, float] | None = None) -> httpx.Response:
+    """One GET through a fresh AiohttpTransport, body read; transport closed afterwards."""
+    transport = AiohttpTransport()
+    extensions = {"timeout": timeouts} if timeouts else {}
+    try:
+        request = httpx.Request("GET", url, extensions=extensions)
+        response = await transport.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response
+    finally:
+        await transport.aclose()
+
+
+def closed_port() -> int:
+    """A loopback port that refuses connections."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+async def test_closed_port_is_connect_error() -> None:
+    """A refused connection becomes httpx.ConnectError."""
+    with pytest.raises(httpx.ConnectError):
+        await send_once(f"http://127.0.0.1:{closed_port()}/")
+
+
+@pytest.mark.anyio
+async def test_hanging_server_is_read_timeout() -> None:
+    """A server that never answers becomes httpx.ReadTimeout after the read timeout."""
+    gate = asyncio.Event()
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        await gate.wait()
+        writer.close()
+
+    async with server(hang) as url:
+        timeout = {"connect": 1.0, "read": 0.05, "write": 1.0, "pool": 1.0}
+        with pytest.raises(httpx.ReadTimeout):
+            await send_once(url, timeout)
+        gate.set()
+
+
+@pytest.mark.anyio
+async def test_close_without_response_is_remote_protocol_error() -> None:
+    """A server that closes before answering becomes httpx.RemoteProtocolError."""
+
+    async def close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.close()
+
+    async with server(close) as url:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await send_once(url)
+
+
+@pytest.mark.anyio
+async def test_reset_is_read_or_protocol_error() -> None:
+    """A TCP reset (RST) becomes httpx.ReadError or httpx.RemoteProtocolError."""
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        writer.transport.abort()
+
+    async with server(reset) as url:
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            await send_once(url)
+
+
+@pytest.mark.anyio
+async def test_truncated_body_is_remote_protocol_error() -> None:
+    """A body shorter than its Content-Length becomes httpx.RemoteProtocolError while reading."""
+
+    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-this")
+        await writer.drain()
+        writer.close()
+
+    async with server(short) as url:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await send_once(url)
+
+
+@pytest.mark.anyio
+async def test_garbage_status_line_is_remote_protocol_error() -> None:
+    """A response that is not HTTP becomes httpx.RemoteProtocolError."""
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with server(garbage) as url:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await send_once(url)
+
+
+@pytest.mark.anyio
+async def test_request_has_no_added_headers_and_keeps_repeats() -> None:
+    """On the wire: no User-Agent/Accept/Accept-Encoding added; repeated headers kept."""
+    heads: list[bytes] = []
+
+    async def capture(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await read_head(reader))
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    async with server(capture) as url:
+        transport = AiohttpTransport()
+        request = httpx.Request("GET", url + "/p?a=%2F+b", headers=[("x-r", "1"), ("x-r", "2")])
+        response = await transport.handle_async_request(request)
+        await response.aread()
+        await response.aclose()
+        await transport.aclose()
+    head = heads[0].lower()
+    assert head.startswith(b"get /p?a=%2f+b http/1.1")
+    assert b"x-r: 1\r\nx-r: 2" in head
+    for name in (b"user-agent", b"accept:", b"accept-encoding"):
+        assert name not in head
+    assert response.headers.get_list("set-cookie") == ["a=1", "b=2"]
+
+
+@pytest.mark.anyio
+async def test_connection_is_reused_after_a_read_body() -> None:
+    """Two sequential requests share one keep-alive connection."""
+    connections = 0
+
+    async def keepalive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while not reader.at_eof():
+            try:
+                await read_head(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(OK)
+            await writer.drain()
+        writer.close()
+
+    async with server(keepalive) as url:
+        transport = AiohttpTransport()
+        for _ in range(2):
+            response = await transport.handle_async_request(httpx.Request("GET", url))
+            await response.aread()
+            await response.aclose()
+        await transport.aclose()
+    assert connections == 1
+
+
+def test_make_transport_chooses_by_config() -> None:
+    """make_transport gives the aiohttp transport by default and httpx's on request."""
+    assert isinstance(make_transport(ProxyConfig()), AiohttpTransport)
+    assert isinstance(make_transport(ProxyConfig(transport="httpx")), httpx.AsyncHTTPTransport)
+
+
+def test_max_connections_must_be_positive() -> None:
+    """A pool of zero connections is refused at construction."""
+    with pytest.raises(ValueError, match="max_connections"):
+        AiohttpTransport(max_connections=0)

@@ -1,0 +1,106 @@
+"""``python -m upstream_sim`` / ``ballast-upstream``: the programmable backend.
+
+    python -m upstream_sim --port 9101 --admin-port 9102 --workers 8 --fast 25ms --slow 120ms
+
+Traffic on ``--port``; ``/profile``, ``/stats``, ``/stats/reset``, ``/health``
+on ``--admin-port``; both in one process on one uvloop loop. SIGINT/SIGTERM
+stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import uvloop
+
+from loadgen.units import parse_duration_s
+from upstream_sim.model import Profile
+from upstream_sim.server import start_sim
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ballast-upstream", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9101, help="traffic port (default 9101)")
+    p.add_argument("--admin-port", type=int, default=9102, help="admin port (default 9102)")
+    p.add_argument("--workers", type=int, default=8, help="worker count (default 8)")
+    p.add_argument("--fast", type=_duration, default=0.025, help="fast service (default 25ms)")
+    p.add_argument("--slow", type=_duration, default=0.120, help="slow service (default 120ms)")
+    p.add_argument("--slow-fraction", type=float, default=0.05, help="share of slow (0.05)")
+    p.add_argument("--latency-multiplier", type=float, default=1.0, help="scale service times")
+    p.add_argument("--error-rate", type=float, default=0.0, help="share answered with an error")
+    p.add_argument("--error-status", type=int, default=500, help="status of errors (500)")
+    p.add_argument("--drop-expired", action="store_true", help="skip requests past deadline")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
+    return p
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    return Profile(
+        workers=args.workers,
+        fast_s=args.fast,
+        slow_s=args.slow,
+        slow_fraction=args.slow_fraction,
+        latency_multiplier=args.latency_multiplier,
+        error_rate=args.error_rate,
+        error_status=args.error_status,
+        drop_expired=args.drop_expired,
+    )
+
+
+async def _serve(args: argparse.Namespace, profile: Profile) -> None:
+    running = await start_sim(
+        profile,
+        seed=args.seed,
+        host=args.host,
+        port=args.port,
+        admin_port=args.admin_port,
+        log_level=args.log_level,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(
+        f"upstream_sim: traffic {running.url}  admin {running.admin_url}  "
+        f"capacity ~{profile.capacity_rps:.0f} rps",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point."""
+    args = _parser().parse_args(argv)
+    try:
+        profile = _profile(args)
+    except ValueError as exc:
+        print(f"ballast-upstream: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve(args, profile))
+    except OSError as exc:
+        print(f"ballast-upstream: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,7 +20,9 @@ Forwarding rules (the proxy contract, tested in tests/test_proxy.py):
   streamed back unchanged; HEAD, 204 and 304 carry no body.
 * Deadline: with a ``RequestContext`` deadline, ``X-Deadline-Ms`` carries the
   remaining milliseconds and every upstream timeout is the remaining time
-  (504 at once when nothing remains); otherwise ``timeout_ms``.
+  (504 at once when nothing remains; except a request dry-run admitted,
+  ``ctx.would_shed``, which goes upstream with ``X-Deadline-Ms: 0`` and
+  ``timeout_ms``); otherwise ``timeout_ms``.
 * Failures are translated in one place, ``_failure``: timeouts -> 504,
   connect and protocol errors -> 502, small JSON bodies, no stack traces.
 """
@@ -45,8 +47,15 @@ from ballast_asgi.types import Clock, Receive, Scope, Send
 #: httpx's ``timeout`` request extension.
 Timeouts = dict[str, Any]
 _NO_BODY_STATUSES = frozenset({204, 304})
+#: A timeout this close to the request's deadline was the deadline, not the upstream.
+_DEADLINE_SLACK_S = 0.002
+
 _ERROR_BODIES: dict[str, tuple[int, dict[str, object]]] = {
     "timeout": (504, {"error": "gateway_timeout", "message": "upstream did not answer in time"}),
+    "deadline": (
+        504,
+        {"error": "gateway_timeout", "message": "the request's deadline passed (X-Deadline-Ms)"},
+    ),
     "connect": (502, {"error": "bad_gateway", "message": "upstream connection failed"}),
     "protocol": (502, {"error": "bad_gateway", "message": "upstream protocol error"}),
 }
@@ -147,7 +156,7 @@ class ProxyApp:
             return
         timeout, deadline_ms = self._timeout_for(ctx)
         if timeout is None:
-            await self._failure(send, ctx, "timeout")
+            await self._failure(send, ctx, "deadline")
             return
         request = httpx.Request(
             scope["method"],
@@ -196,6 +205,8 @@ class ProxyApp:
             return self._default_timeout, None
         remaining_s = ctx.deadline - self.clock()
         if remaining_s <= 0.0:
+            if ctx.would_shed:  # admitted by dry-run: forwarded with 0 ms left
+                return self._default_timeout, b"0"
             return None, None
         header = str(int(remaining_s * 1000.0)).encode("ascii")
         return _timeouts(remaining_s, self.config), header
@@ -217,7 +228,7 @@ class ProxyApp:
         try:
             response = await transport.handle_async_request(request)
         except httpx.TransportError as exc:
-            await self._failure(send, ctx, _kind(exc))
+            await self._failure(send, ctx, self._kind(exc, ctx))
             return
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(self.clock() - started)
@@ -246,7 +257,15 @@ class ProxyApp:
         try:
             await _stream(response.stream, length, receive, send, ctx)
         except httpx.TransportError as exc:
-            self._count_error(ctx, _kind(exc))
+            self._count_error(ctx, self._kind(exc, ctx))
+
+    def _kind(self, exc: httpx.TransportError, ctx: RequestContext | None) -> str:
+        """``deadline`` when a timeout only enforced the request's own budget."""
+        kind = _kind(exc)
+        if kind == "timeout" and ctx is not None and ctx.deadline is not None:
+            if self.clock() >= ctx.deadline - _DEADLINE_SLACK_S:
+                return "deadline"
+        return kind
 
     async def _failure(self, send: Send, ctx: RequestContext | None, kind: str) -> None:
         """The one place an upstream failure becomes a response (502 or 504)."""

@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Callable
 
+from ballast_asgi.context import RequestContext
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.outcomes import ShedReason
 from ballast_asgi.priority import Priority
@@ -67,12 +68,28 @@ class ShedResponder:
         self._rng = rng or random.Random()
         #: Seconds until the backlog would drain; wired by the composition root.
         self.drain_estimate: Callable[[], float] = lambda: 1.0
+        #: Dry-run: each stage admits what it would shed and calls ``count_would_shed``
+        #: instead of ``shed``. Set by the composition root; flipped live on reload.
+        self.dry_run = False
 
     def retry_after_s(self) -> int:
         """Whole seconds >= 1: the drain estimate with jitter, capped."""
         base = max(1.0, self.drain_estimate())
         jittered = base * (1.0 + self._rng.uniform(-self.jitter, self.jitter))
         return max(1, min(self.max_retry_after_s, math.ceil(jittered)))
+
+    def count_would_shed(
+        self, ctx: RequestContext | None, reason: ShedReason, priority: Priority
+    ) -> None:
+        """Dry-run: count a request enforcement would shed and note why on its context.
+
+        A context with a non-empty ``would_shed`` runs outside every later limit
+        (no queue slot, permit, capacity slot or breaker ticket), so it is counted
+        once, under the first stage that would have shed it.
+        """
+        self.metrics.count_would_shed(reason, priority)
+        if ctx is not None:
+            ctx.would_shed.append(reason)
 
     async def shed(
         self,

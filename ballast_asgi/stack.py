@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from ballast_asgi.breaker import Breaker
 from ballast_asgi.capacity import Capacity
 from ballast_asgi.classify import Classifier
@@ -56,6 +58,10 @@ class Parts:
             "breaker": self.breaker.snapshot(now),
             "retry_budget": self.budget.snapshot(now),
             "shed": _shed_counts(self.metrics),
+            "dry_run": {
+                "enabled": self.responder.dry_run,
+                "would_shed": _shed_counts(self.metrics, self.metrics.dry_run_shed),
+            },
             "capacity": self.capacity.snapshot() if self.capacity else None,
         }
 
@@ -98,6 +104,7 @@ def build_parts(
         reserved_fraction=q.reserved_fraction,
     )
     responder.drain_estimate = make_drain_estimate(queue, limiter, clock)
+    responder.dry_run = config.load_shed_dry_run
     return Parts(
         metrics=metrics,
         responder=responder,
@@ -160,7 +167,7 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
     """Apply a new config to the live collaborators, keeping in-flight state."""
     if new.limiter != old.limiter or new.max_concurrent_requests != old.max_concurrent_requests:
         parts.limiter.set_algorithm(
-            make_algorithm(new, parts.rng), max_limit=new.max_concurrent_requests
+            make_algorithm(new, parts.rng), max_limit=new.max_concurrent_requests, now=now
         )
     q = new.admission_queue
     parts.queue.reconfigure(
@@ -170,6 +177,7 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         reserved_fraction=q.reserved_fraction,
     )
     parts.responder.status = new.shed.status
+    parts.responder.dry_run = new.load_shed_dry_run
     if parts.capacity is not None:
         c = new.capacity
         parts.capacity.reconfigure(c.max_held_requests, c.max_buffered_bytes, c.reserved_fraction)
@@ -189,9 +197,9 @@ def _make_capacity(config: GatewayConfig) -> Capacity:
     )
 
 
-def _shed_counts(metrics: Metrics) -> dict[str, dict[str, float]]:
+def _shed_counts(metrics: Metrics, counter: Counter | None = None) -> dict[str, dict[str, float]]:
     counts: dict[str, dict[str, float]] = {}
-    for family in metrics.shed.collect():
+    for family in (metrics.shed if counter is None else counter).collect():
         for sample in family.samples:
             if sample.name.endswith("_total") and sample.value:
                 by_reason = counts.setdefault(sample.labels["reason"], {})

@@ -32,20 +32,26 @@ http {{ access_log off; client_body_temp_path {dir}; proxy_temp_path {dir};
   fastcgi_temp_path {dir}; uwsgi_temp_path {dir}; scgi_temp_path {dir};
   keepalive_requests 10000000; keepalive_timeout 120s;
 """
-NGINX_BACKEND = _NGINX_HEAD + """
+NGINX_BACKEND = (
+    _NGINX_HEAD
+    + """
   server {{ listen {host}:{port} backlog=4096;
     location / {{ root {dir}; try_files /1k.bin =404; }} }} }}
 """
-NGINX_PROXY = _NGINX_HEAD + """
+)
+NGINX_PROXY = (
+    _NGINX_HEAD
+    + """
   upstream be {{ server {host}:{up}; keepalive 256; }}
   server {{ listen {host}:{port} backlog=4096;
     location / {{ proxy_pass http://be; proxy_http_version 1.1;
       proxy_set_header Connection ""; proxy_buffering on; }} }} }}
 """
+)
 HAPROXY = """
 global
   nbthread 1
-  maxconn 20000
+  maxconn 8000
 defaults
   mode http
   timeout connect 2s
@@ -84,6 +90,26 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks() -> dict[int, tuple[int, int]]:
+    """Per CPU (busy, total) jiffies from /proc/stat."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            name, *vals = line.split()
+            n = [int(v) for v in vals[:8]]
+            idle = n[3] + n[4]
+            out[int(name[3:])] = (sum(n) - idle, sum(n))
+    return out
+
+
+def busy_share(before: dict[int, tuple[int, int]], cpu: int) -> float:
+    """Share of time ``cpu`` was busy (any process) since ``before``."""
+    now = cpu_ticks()
+    busy = now[cpu][0] - before[cpu][0]
+    total = now[cpu][1] - before[cpu][1]
+    return busy / total if total else float("nan")
 
 
 def status_kb(pid: int, key: str) -> int:
@@ -235,8 +261,9 @@ class Procs:
     def upstream_sim(self, cpu: int) -> Target:
         """The simulator: 8 workers, 25 ms / 120 ms (about 270 rps)."""
         port, admin = free_port(), free_port()
-        cmd = [sys.executable, "-m", "upstream_sim", "--port", str(port), "--admin-port",
-               str(admin), "--workers", "8", "--fast", "25ms", "--slow", "120ms", "--seed", "1"]  # fmt: skip
+        cmd = [sys.executable, "-m", "upstream_sim", "--port", str(port),
+               "--admin-port", str(admin), "--workers", "8", "--fast", "25ms",
+               "--slow", "120ms", "--seed", "1"]  # fmt: skip
         proc = self.start(cmd, cpu, port, "sim")
         return Target("sim", port, proc.pid, path="/")
 

@@ -189,9 +189,9 @@ class LiveView:
         for i, (tier, t) in enumerate(zip(stats.tiers, stats.tally, strict=True)):
             served0, shed0 = self._last[i]
             self._last[i] = (t.served, t.shed_total)
-            p99 = window[i].quantile(0.99) * 1e3 if window[i].count else float("nan")
+            p99 = f"{window[i].quantile(0.99) * 1e3:.0f}" if window[i].count else "-"
             lines.append(
-                f"{tier.name:<9}{t.served - served0:>9}{t.shed_total - shed0:>8}{p99:>8.0f}"
+                f"{tier.name:<9}{t.served - served0:>9}{t.shed_total - shed0:>8}{p99:>8}"
                 f"{t.served:>9}{t.sent:>8}"
             )
         return lines

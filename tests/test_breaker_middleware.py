@@ -153,7 +153,7 @@ async def hang_past_deadline(scope: Scope, receive: Receive, send: Send, h: Harn
     ctx = find_context(scope)
     assert ctx is not None and ctx.deadline is not None
     h.clock.now = ctx.deadline
-    await upstream_error("timeout", 504)(scope, receive, send, h)
+    await upstream_error("deadline", 504)(scope, receive, send, h)
 
 
 def slow_timeout(seconds: float) -> Behaviour:
@@ -341,6 +341,18 @@ async def test_hang_past_deadline_gets_504_and_no_retry() -> None:
         r = await client.get("/")
     assert r.status_code == 504 and len(h.calls) == 1 and h.sleeps == []
     assert h.clock() <= h.contexts[0].deadline  # type: ignore[operator]
+
+
+@pytest.mark.anyio
+async def test_deadline_timeouts_never_trip_the_breaker() -> None:
+    """Requests whose own budget ran out are not upstream failures: the breaker stays closed."""
+    sensitive = Breaker(consecutive_failures=3, min_calls=5)
+    h = Harness([hang_past_deadline] * 30, deadline_s=1.0, breaker=sensitive)
+    async with h.client() as client:
+        for _ in range(30):
+            assert (await client.get("/")).status_code == 504
+    assert h.breaker.state(h.clock()) == "closed"
+    assert all(c.outcome is Outcome.DROPPED for c in h.contexts)
 
 
 @pytest.mark.anyio

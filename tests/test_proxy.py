@@ -305,6 +305,23 @@ async def test_expired_deadline_is_504_without_upstream_call() -> None:
 
 
 @pytest.mark.anyio
+async def test_timeout_at_the_deadline_is_kind_deadline() -> None:
+    """A timeout that only enforced the request's budget is reported as `deadline`."""
+    now = [10.0]
+
+    def hang(request: httpx.Request) -> httpx.Response:
+        now[0] = 10.5
+        raise httpx.ReadTimeout("slow", request=request)
+
+    app = ProxyApp("http://u.test", transport=httpx.MockTransport(hang), clock=lambda: now[0])
+    ctx = RequestContext(arrival=10.0, deadline=10.5, priority=Priority.STANDARD)
+    async with client_for(_with_ctx(app, ctx)) as client:
+        response = await client.get("/")
+    assert response.status_code == 504
+    assert (ctx.upstream_error, ctx.outcome) == ("deadline", Outcome.DROPPED)
+
+
+@pytest.mark.anyio
 async def test_upstream_timeout_comes_from_deadline() -> None:
     """The remaining budget becomes every httpx timeout of the upstream call."""
     seen: list[dict[str, float]] = []

@@ -9,6 +9,10 @@ The outermost shedding stage. For each HTTP request it
 3. sheds with ``deadline`` a request whose budget is already spent, and with
    ``early_drop`` one that cannot make its deadline (when an estimator is given);
 4. otherwise creates the ``RequestContext`` and calls the inner app with it in scope.
+
+Dry-run (``responder.dry_run``): a request step 3 would shed is counted in
+``ballast_dry_run_shed_total`` and admitted; a dead-on-arrival one goes upstream
+with ``X-Deadline-Ms: 0``. A malformed header is still a 400 (not a shed).
 """
 
 from __future__ import annotations
@@ -76,8 +80,7 @@ class AdmissionMiddleware:
         ctx = RequestContext(arrival=now, deadline=deadline, priority=priority)
         self.metrics.count_request(priority)
         reason = self._shed_reason(ctx, now)
-        if reason is not None:
-            await self._refuse(send, ctx, reason)
+        if reason is not None and await self._refuse(send, ctx, reason):
             return
         await self.app(with_context(scope, ctx), receive, send)
 
@@ -101,10 +104,14 @@ class AdmissionMiddleware:
             return ShedReason.EARLY_DROP
         return None
 
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> None:
-        """The single shed point of this stage."""
+    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
+        """The single shed point of this stage; False when dry-run admits the request."""
+        if self.responder.dry_run:
+            self.responder.count_would_shed(ctx, reason, ctx.priority)
+            return False
         ctx.shed_reason = reason
         await self.responder.shed(send, reason, ctx.priority)
+        return True
 
 
 def _find_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:

@@ -12,7 +12,9 @@ Per request:
 3. Every attempt holds one breaker ticket, settled exactly once. An attempt
    fails when ``ctx.upstream_error`` is ``connect``/``timeout``/``protocol``,
    the status is one of the breaker's failure statuses, or the inner app
-   raised; a 4xx is a success.
+   raised; a 4xx is a success. A ``deadline`` error (the request's own
+   X-Deadline-Ms ran out) says nothing about the upstream's health: the ticket
+   is cancelled, and it is not retried (there is no time left).
 4. A failed attempt is retried only if: the method is idempotent (GET HEAD
    OPTIONS PUT DELETE, or an ``Idempotency-Key`` header), the failure is
    retryable (an upstream error -- connect, timeout, or protocol, i.e. the
@@ -30,6 +32,13 @@ Per request:
 
 Streaming mode (``buffer_responses: false``) passes everything through in one
 attempt: no retries, the breaker still records the outcome.
+
+Dry-run (``responder.dry_run``): a request the open breaker would shed is
+counted in ``ballast_dry_run_shed_total`` and goes upstream once, with no
+ticket (nothing is recorded into the breaker) and no retries; so does one an
+outer stage already admitted that way (``ctx.would_shed``). Its concurrency
+permit is handed back first (released IGNORED, ``ctx.permit`` cleared), as the
+shed would have done, so the limiter sees what it would under enforcement.
 
 The stage reads the ``RequestContext`` when admission runs in front of it (it
 should: admission supplies the deadline that bounds retries). Without one it
@@ -69,6 +78,11 @@ Sleep = Callable[[float], Awaitable[None]]
 class _Verdict:
     failure: bool
     retryable: bool
+    #: Says nothing about the upstream's health (the request's own deadline ran out).
+    neutral: bool = False
+
+
+_DEADLINE = _Verdict(failure=True, retryable=False, neutral=True)
 
 
 class _Response:
@@ -204,8 +218,12 @@ class BreakerMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
+        if ctx is not None and ctx.would_shed:  # dry-run: admitted outside every limit
+            await self.app(scope, receive, send)
+            return
         if not self._breaker.can_acquire(self._clock()):
-            await self._shed(send, ctx)
+            if not await self._shed(send, ctx):
+                await self.app(scope, receive, send)
             return
         request = _Request(scope, receive, ctx)
         leftover = await request.read(self._max_buffer_bytes) if self._buffered else []
@@ -214,7 +232,9 @@ class BreakerMiddleware:
         now = self._clock()
         ticket = self._breaker.acquire(now)
         if ticket is None:
-            await self._shed(send, ctx)
+            if not await self._shed(send, ctx):
+                replay = request.replay() if leftover is None else request.receive
+                await self.app(scope, _prepend(leftover or [], replay), send)
             return
         self._budget.record_original(now)
         if leftover is None:
@@ -222,14 +242,21 @@ class BreakerMiddleware:
         else:
             await self._stream(scope, _prepend(leftover, request.receive), send, request, ticket)
 
-    async def _shed(self, send: Send, ctx: RequestContext | None) -> None:
-        priority = Priority.STANDARD
+    async def _shed(self, send: Send, ctx: RequestContext | None) -> bool:
+        """The single shed point of this stage; False when dry-run admits the request."""
+        priority = Priority.STANDARD if ctx is None else ctx.priority
+        if self._responder.dry_run:
+            self._responder.count_would_shed(ctx, ShedReason.BREAKER_OPEN, priority)
+            if ctx is not None and ctx.permit is not None:  # hand it back, as a shed would
+                permit, ctx.permit = ctx.permit, None
+                permit.release(Outcome.IGNORED, self._clock())
+            return False
         if ctx is not None:
             ctx.shed_reason = ShedReason.BREAKER_OPEN
             ctx.outcome = Outcome.IGNORED
-            priority = ctx.priority
         retry_after_s = self._breaker.retry_after_s(self._clock())
         await self._responder.shed(send, ShedReason.BREAKER_OPEN, priority, retry_after_s)
+        return True
 
     # -- streaming: one attempt, passed through --------------------------------
     async def _stream(
@@ -279,7 +306,7 @@ class BreakerMiddleware:
         except BaseException:
             ticket.cancel()
             raise
-        if request.gone and response.status is None:
+        if (request.gone and response.status is None) or verdict.neutral:
             ticket.cancel()
         else:
             ticket.record(not verdict.failure, self._clock())
@@ -291,6 +318,8 @@ class BreakerMiddleware:
         self, response: _Response, request: _Request, error: Exception | None
     ) -> _Verdict:
         kind = request.ctx.upstream_error if request.ctx is not None else None
+        if kind == "deadline":
+            return _DEADLINE
         if error is not None or kind in UPSTREAM_ERRORS:
             return _Verdict(failure=True, retryable=True)
         status = response.status

@@ -11,12 +11,16 @@ never grows past the cap. For each HTTP request it
    the shared ``ShedResponder``, before a byte of the body is read;
 3. otherwise runs the inner app and calls ``Capacity.leave`` in ``finally``,
    exactly once, whatever the inner app did (returned, raised, was cancelled).
+
+Dry-run (``responder.dry_run``): a request over the cap is counted in
+``ballast_dry_run_shed_total`` and runs without entering (so nothing to leave);
+so does one an outer stage already admitted that way (``ctx.would_shed``).
 """
 
 from __future__ import annotations
 
 from ballast_asgi.capacity import Capacity
-from ballast_asgi.context import find_context
+from ballast_asgi.context import RequestContext, find_context
 from ballast_asgi.outcomes import ShedReason
 from ballast_asgi.priority import Priority
 from ballast_asgi.responses import ShedResponder
@@ -39,18 +43,30 @@ class CapacityMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
+        if ctx is not None and ctx.would_shed:  # dry-run: admitted outside every limit
+            await self.app(scope, receive, send)
+            return
         priority = Priority.STANDARD if ctx is None else ctx.priority
         body_bytes = _content_length(scope)
         capacity = self.capacity
         if not capacity.try_enter(priority, body_bytes):
-            if ctx is not None:
-                ctx.shed_reason = ShedReason.CAPACITY
-            await self.responder.shed(send, ShedReason.CAPACITY, priority)
+            if not await self._refuse(send, ctx, priority):
+                await self.app(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             capacity.leave(body_bytes)
+
+    async def _refuse(self, send: Send, ctx: RequestContext | None, priority: Priority) -> bool:
+        """The single shed point of this stage; False when dry-run admits the request."""
+        if self.responder.dry_run:
+            self.responder.count_would_shed(ctx, ShedReason.CAPACITY, priority)
+            return False
+        if ctx is not None:
+            ctx.shed_reason = ShedReason.CAPACITY
+        await self.responder.shed(send, ShedReason.CAPACITY, priority)
+        return True
 
 
 def _content_length(scope: Scope) -> int:

@@ -12,6 +12,13 @@ raises, the permit is released exactly once, in ``finally``, with the outcome:
    or the response status is >= 500;
 4. IGNORED when no response was started at all;
 5. SUCCESS otherwise (the round trip is an RTT sample).
+
+Dry-run (``responder.dry_run``): a request over the limit is counted in
+``ballast_dry_run_shed_total`` and runs without a permit, as does one an outer
+stage already admitted that way (``ctx.would_shed``); nothing is released for
+it, so the limiter's in-flight and samples are exactly enforcement's. The
+breaker stage, when dry-run admits a request it would shed, hands the permit
+back early and clears ``ctx.permit``; the release here is then skipped.
 """
 
 from __future__ import annotations
@@ -81,12 +88,14 @@ class ConcurrencyMiddleware:
             return
         ctx = get_context(scope)
         permit = ctx.permit
-        if permit is None:
+        if permit is None and not ctx.would_shed:
             permit = self.limiter.try_acquire(self.clock())
-            if permit is None:
-                await self._refuse(send, ctx, ShedReason.LIMIT)
+            if permit is None and await self._refuse(send, ctx, ShedReason.LIMIT):
                 return
             ctx.permit = permit
+        if permit is None:  # dry-run: admitted over the limit; no permit to release
+            await self.app(scope, receive, send)
+            return
         seen = _Exchange()
 
         async def send_noting_status(message: Message) -> None:
@@ -100,9 +109,14 @@ class ConcurrencyMiddleware:
             seen.error = exc
             raise
         finally:
-            permit.release(outcome_for(ctx, seen.status, seen.error), self.clock())
+            if ctx.permit is permit:  # else an inner stage handed it back (dry-run breaker)
+                permit.release(outcome_for(ctx, seen.status, seen.error), self.clock())
 
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> None:
-        """The single shed point of this stage."""
+    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
+        """The single shed point of this stage; False when dry-run admits the request."""
+        if self.responder.dry_run:
+            self.responder.count_would_shed(ctx, reason, ctx.priority)
+            return False
         ctx.shed_reason = reason
         await self.responder.shed(send, reason, ctx.priority)
+        return True

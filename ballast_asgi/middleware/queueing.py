@@ -21,6 +21,14 @@ The concurrency stage releases the permit; this stage releases it as IGNORED
 only if the inner app returned without doing so (a safety net).
 Cancellation is never swallowed: a cancelled waiter leaves the queue, returns
 any permit it was granted, and re-raises.
+
+Dry-run (``responder.dry_run``): a request refused with ``queue_full``, a
+waiter displaced by a newcomer, and a waiter whose deadline or queue timeout
+passes are counted in ``ballast_dry_run_shed_total`` (and the queue outcome as
+usual) and proceed *without a permit*: a request still waits up to the queue
+timeout, then goes through. The queue and the limiter hold exactly what they
+would under enforcement. A request an outer stage already admitted that way
+(``ctx.would_shed``) skips the queue.
 """
 
 from __future__ import annotations
@@ -74,7 +82,7 @@ class QueueMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = get_context(scope)
-        if ctx.permit is None:
+        if ctx.permit is None and not ctx.would_shed:
             now = self.clock()
             permit = self.limiter.try_acquire(now)
             if permit is None:
@@ -95,7 +103,8 @@ class QueueMiddleware:
         self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
     ) -> None:
         if ctx.deadline is not None and ctx.deadline <= now:
-            await self._refuse(send, ctx, ShedReason.DEADLINE)
+            if not await self._refuse(send, ctx, ShedReason.DEADLINE):
+                await self._run(scope, receive, send, ctx)
             return
         loop = asyncio.get_running_loop()
         timeout_at = None if self.queue_timeout_s is None else now + self.queue_timeout_s
@@ -105,7 +114,8 @@ class QueueMiddleware:
             self._leave(pushed.displaced, ShedReason.QUEUE_FULL)
         if not pushed.accepted:
             self.metrics.count_queued("queue_full")
-            await self._refuse(send, ctx, ShedReason.QUEUE_FULL)
+            if not await self._refuse(send, ctx, ShedReason.QUEUE_FULL):
+                await self._run(scope, receive, send, ctx)
             return
         buffered: list[Message] = []
         result = await self._wait(waiter, receive, buffered, loop)
@@ -131,10 +141,11 @@ class QueueMiddleware:
             result = ShedReason.DEADLINE
         if isinstance(result, ShedReason):
             self.metrics.count_queued("timeout" if result in _TIMEOUT_REASONS else "queue_full")
-            await self._refuse(send, ctx, result)
-            return
-        self.metrics.count_queued("admitted")
-        ctx.permit = result
+            if await self._refuse(send, ctx, result):
+                return
+        else:
+            self.metrics.count_queued("admitted")
+            ctx.permit = result
         await self._run(scope, receive, send, ctx)
 
     async def _wait(
@@ -197,10 +208,14 @@ class QueueMiddleware:
     def _on_release(self, now: float) -> None:
         dispatch(self.queue, self.limiter, now, _deliver)
 
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> None:
-        """The single shed point of this stage."""
+    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
+        """The single shed point of this stage; False when dry-run admits the request."""
+        if self.responder.dry_run:
+            self.responder.count_would_shed(ctx, reason, ctx.priority)
+            return False
         ctx.shed_reason = reason
         await self.responder.shed(send, reason, ctx.priority)
+        return True
 
 
 def _deliver(waiter: Waiter, permit: Permit) -> bool:

@@ -102,7 +102,8 @@ def latency_table(doc: dict[str, Any]) -> list[str]:
                 p99 -= _pick(doc, "direct", r, "p99_ms")
             mark = "" if _held(doc, c, r) else " (x)"
             cells.append(f"{_ms(p50)} / {_ms(p99)}{mark}")
-        lines.append(f"| {c} | {' | '.join(cells)} |")
+        name = "direct (absolute p50 / p99)" if c == "direct" else c
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     return lines
 
 

@@ -262,9 +262,13 @@ class ProxyApp:
     def _kind(self, exc: httpx.TransportError, ctx: RequestContext | None) -> str:
         """``deadline`` when a timeout only enforced the request's own budget."""
         kind = _kind(exc)
-        if kind == "timeout" and ctx is not None and ctx.deadline is not None:
-            if self.clock() >= ctx.deadline - _DEADLINE_SLACK_S:
-                return "deadline"
+        if (
+            kind == "timeout"
+            and ctx is not None
+            and ctx.deadline is not None
+            and self.clock() >= ctx.deadline - _DEADLINE_SLACK_S
+        ):
+            return "deadline"
         return kind
 
     async def _failure(self, send: Send, ctx: RequestContext | None, kind: str) -> None:

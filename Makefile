@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-quick bench clean
+.PHONY: venv test lint typecheck pytest demo experiment experiment-quick bench clean system-deps
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -23,7 +23,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+# Debian tools some tests use (docker-compose validates the compose file). Installed
+# when missing and we are root with apt; otherwise those tests skip and say why.
+system-deps:
+	@if ! command -v docker-compose >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing docker-compose (Debian) for the compose-file test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) \
+	    >/dev/null 2>&1 || echo "warning: could not install docker-compose; its test will skip"; \
+	fi
+
+pytest: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 test: lint typecheck pytest

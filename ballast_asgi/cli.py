@@ -3,7 +3,7 @@
 ``ballast --upstream URL --limiter gradient --port 8080 --admin-port 8081``
 serves traffic on ``--port`` and ``/metrics`` + ``/snapshot`` at the root of
 ``--admin-port``, in one process on one event loop. SIGINT/SIGTERM stop both
-servers cleanly; SIGHUP reloads the config file.
+servers cleanly; SIGHUP reloads the config file (handled by the gateway).
 
 ``ballast check-config FILE`` validates a config file and exits non-zero on error.
 """
@@ -91,7 +91,7 @@ async def serve_gateway(gateway: Gateway, host: str, port: int, admin_port: int,
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(gateway.reload()))
+    # SIGHUP (config reload) is registered by the gateway itself at lifespan start-up.
     try:
         await asyncio.gather(*(s.serve() for s in servers))
     finally:

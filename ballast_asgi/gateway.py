@@ -13,8 +13,10 @@ line naming it, instead of failing at the first request.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -64,6 +66,7 @@ class Gateway:
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
         self.loaded_at = time.time()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._app = self._compose(config)
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
@@ -77,7 +80,26 @@ class Gateway:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            self._handle_sighup()
         await self._app(scope, receive, send)
+
+    def _handle_sighup(self) -> None:
+        """Reload the config on SIGHUP (under uvicorn or the CLI, in the main thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, self._reload_soon, loop)
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            return
+
+    def _reload_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._reload_and_log())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload_and_log(self) -> None:
+        ok, message = await self.reload()
+        print(f"ballast: reload {'applied' if ok else 'rejected'}: {message}", file=sys.stderr)
 
     def admin_app(self) -> AdminRouter:
         """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""

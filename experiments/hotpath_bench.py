@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 
+from ballast_asgi.classify import Classifier
 from ballast_asgi.config import build_config
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics
@@ -55,7 +56,6 @@ from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.classify import Classifier
 from ballast_asgi.proxy import ProxyApp
 from ballast_asgi.stack import build_parts
 from ballast_asgi.transport import AiohttpTransport

@@ -83,6 +83,11 @@ class _Verdict:
 
 
 _DEADLINE = _Verdict(failure=True, retryable=False, neutral=True)
+#: The other verdicts, built once (indexed by ``(failure, retryable)``).
+_VERDICTS = {(f, r): _Verdict(failure=f, retryable=r) for f in (False, True) for r in (False, True)}
+_SUCCESS = _VERDICTS[(False, False)]
+_UNRETRYABLE = _VERDICTS[(True, False)]
+_RETRYABLE = _VERDICTS[(True, True)]
 
 
 class _Response:
@@ -135,10 +140,17 @@ class _Request:
 
     async def read(self, limit_bytes: int) -> list[Message] | None:
         """Read the body; None when complete, else the messages read (too big or gone)."""
+        message = await self.receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            body = message.get("body", b"")  # the common case: one complete message
+            self.body = body if type(body) is bytes else bytes(body)
+            return None
+        return await self._read_rest(message, limit_bytes)
+
+    async def _read_rest(self, message: Message, limit_bytes: int) -> list[Message] | None:
         chunks: list[Message] = []
         size = 0
         while True:
-            message = await self.receive()
             if message["type"] != "http.request":
                 return [*chunks, message]
             chunks.append(message)
@@ -148,6 +160,7 @@ class _Request:
                 return None
             if size > limit_bytes:
                 return chunks
+            message = await self.receive()
 
     async def receive(self) -> Message:
         message = await self._receive()
@@ -321,12 +334,13 @@ class BreakerMiddleware:
         if kind == "deadline":
             return _DEADLINE
         if error is not None or kind in UPSTREAM_ERRORS:
-            return _Verdict(failure=True, retryable=True)
+            return _RETRYABLE
         status = response.status
         if status is None:
-            return _Verdict(failure=True, retryable=False)
-        failure = self._breaker.is_failure_status(status)
-        return _Verdict(failure=failure, retryable=failure and status in self._retry_statuses)
+            return _UNRETRYABLE
+        if not self._breaker.is_failure_status(status):
+            return _SUCCESS
+        return _RETRYABLE if status in self._retry_statuses else _UNRETRYABLE
 
     def _may_retry(self, request: _Request, verdict: _Verdict) -> bool:
         """The request-local conditions for another attempt (not budget or breaker)."""

@@ -34,16 +34,6 @@ from ballast_asgi.responses import ShedResponder
 from ballast_asgi.types import ASGIApp, Clock, Message, Receive, Scope, Send
 
 
-class _Exchange:
-    """Per-request observations of the response."""
-
-    __slots__ = ("error", "status")
-
-    def __init__(self) -> None:
-        self.status: int | None = None
-        self.error: BaseException | None = None
-
-
 def outcome_for(ctx: RequestContext, status: int | None, error: BaseException | None) -> Outcome:
     """The limiter outcome of a finished request (the rule in the module docstring)."""
     if ctx.outcome is not None:
@@ -96,21 +86,23 @@ class ConcurrencyMiddleware:
         if permit is None:  # dry-run: admitted over the limit; no permit to release
             await self.app(scope, receive, send)
             return
-        seen = _Exchange()
+        status: int | None = None
+        error: BaseException | None = None
 
         async def send_noting_status(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                seen.status = message["status"]
+                status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_noting_status)
         except BaseException as exc:
-            seen.error = exc
+            error = exc
             raise
         finally:
             if ctx.permit is permit:  # else an inner stage handed it back (dry-run breaker)
-                permit.release(outcome_for(ctx, seen.status, seen.error), self.clock())
+                permit.release(outcome_for(ctx, status, error), self.clock())
 
     async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
         """The single shed point of this stage; False when dry-run admits the request."""

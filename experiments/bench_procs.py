@@ -170,15 +170,15 @@ class Procs:
 
     def start(self, cmd: list[str], cpu: int, port: int, log: str) -> subprocess.Popen[bytes]:
         """Run ``cmd`` pinned to ``cpu`` and wait until it listens on ``port``."""
-        out = open(self.tmp / f"{log}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            ["taskset", "-c", str(cpu), *cmd], stdout=out, stderr=subprocess.STDOUT
-        )
+        # The child keeps its own copy of the descriptor: close ours at once.
+        with open(self.tmp / f"{log}.log", "wb") as out:
+            proc = subprocess.Popen(
+                ["taskset", "-c", str(cpu), *cmd], stdout=out, stderr=subprocess.STDOUT
+            )
         self.started.append(proc)
         try:
             wait_port(port, proc)
         except RuntimeError:
-            out.flush()
             print((self.tmp / f"{log}.log").read_text()[-2000:], file=sys.stderr)
             raise
         return proc

@@ -88,7 +88,7 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> dict[str, Any] | No
 async def sample_snapshots(
     http: aiohttp.ClientSession, url: str, t0: float, out: list[list[float]]
 ) -> None:
-    """Append ``[t_s, limit, inflight, queue_total, answer_ms]`` every SAMPLE_PERIOD_S."""
+    """Append ``[t_s, limit, inflight, queue_total, answer_ms, probing]`` every period."""
     while True:
         sent = time.monotonic()
         snap = await get_json(http, url)
@@ -96,8 +96,9 @@ async def sample_snapshots(
         if snap is not None:
             lim = snap.get("limiter", {})
             queue = snap.get("queue", {}).get("total", 0)
+            probing = int(lim.get("algorithm_state", {}).get("state") == "probing")
             out.append([round(sent - t0, 3), lim.get("limit", 0), lim.get("inflight", 0),
-                        queue, round(answer_ms, 2)])  # fmt: skip
+                        queue, round(answer_ms, 2), probing])  # fmt: skip
         await asyncio.sleep(max(0.0, SAMPLE_PERIOD_S - (time.monotonic() - sent)))
 
 

@@ -77,9 +77,7 @@ class RunSpec:
 def sweep(duration_s: float, loads: tuple[float, ...], limiters: tuple[str, ...]) -> list[RunSpec]:
     """Table 1: every limiter at every load multiple."""
     return [
-        RunSpec("sweep", lim, x, x * CAPACITY_1X_RPS, duration_s)
-        for x in loads
-        for lim in limiters
+        RunSpec("sweep", lim, x, x * CAPACITY_1X_RPS, duration_s) for x in loads for lim in limiters
     ]
 
 
@@ -128,8 +126,9 @@ def calibration_plan(duration_s: float = 6.0) -> list[RunSpec]:
     """The two heaviest loads on our own processes (12x sheds, 1600 rps proxied)."""
     return [
         RunSpec("calibrate", "fixed-256", 12, 12 * CAPACITY_1X_RPS, duration_s),
-        RunSpec("calibrate", "fixed-256", SWING_RPS / CAPACITY_1X_RPS, SWING_RPS, duration_s,
-                workers=64),  # fmt: skip
+        RunSpec(
+            "calibrate", "fixed-256", SWING_RPS / CAPACITY_1X_RPS, SWING_RPS, duration_s, workers=64
+        ),
     ]
 
 

@@ -8,18 +8,35 @@ backwards: past the knee, extra concurrency only adds queueing delay).
 (default 500 ms). A window closes at the first sample after ``window_ms`` has
 passed *and* at least ``min_window_samples`` (default 5) successes arrived, so
 no samples (a hanging upstream, an idle service) means no update at all.
+Samples of requests that started before the last probe ended are left out
+(they ran under the probe's limit and say nothing about the restored one).
+
+**Fast close.** Once a floor has been probed, a window also closes early when
+at least ``fast_close_samples`` (default 20) requests that *started inside
+it* have completed and more than half of them took longer than
+``fast_close_ratio * rtt_noload`` (default 2x): the median is already known
+to be far above the floor, so waiting out the window only keeps the backend
+queue full for longer (a capacity drop, the limit restored after a probe).
 
 **Per window** (``p`` = ``rtt_percentile``, default the median)::
 
     rtt_recent = p-th percentile of the window's successful RTTs
     rtt_noload = min(rtt_noload, rtt_recent)          # falls at once
-    gradient   = clamp(rtt_noload / rtt_recent, min_gradient, 1.0)
+    ratio      = rtt_noload / rtt_recent
+    gradient   = clamp(ratio, min_gradient, 1.0)
     headroom   = sqrt(limit)                          # the "queue_size" term
     new        = limit * gradient + headroom
-    binding    = max inflight_at_start in window >= binding_ratio * limit
+    binding    = at least 25 % of the window's samples started with
+                 inflight_at_start >= binding_ratio * limit
     if not binding or the window saw a drop:   new = min(new, limit)
     elif rtt_recent <= tolerance * rtt_noload:  new = max(new, limit * growth_factor)
     limit      = clamp(new, min_limit, max_limit)
+
+When binding, ``limit * ratio`` is Little's law's estimate of the knee
+(``limit = throughput * rtt_recent``, so ``limit * ratio = throughput *
+rtt_noload``); ``min_gradient`` (default 0.25) only bounds how far one window
+may cut, so a limit far above the knee (the one restored after a probe, or
+one left over from a capacity drop) reaches it in one or two windows.
 
 So the limit only rises while it is binding, and rises multiplicatively while
 latency sits at the floor (a capacity step is found in a few windows rather
@@ -31,21 +48,30 @@ limit by ``backoff_ratio`` (default 0.9) immediately, at most once per
 
 **No-load RTT and probing.** ``rtt_noload`` may fall at any window but rises
 only through a *probe*: the reported limit is pinned to ``probe_limit``
-(default ``min_limit``) until ``probe_samples`` (default 20) successes that
+(default ``min_limit``) until ``probe_samples`` (default 10) successes that
 *started* during the probe (at in-flight <= ``probe_limit``) arrive (or
 ``probe_max_windows`` windows pass);
 their percentile becomes the new ``rtt_noload`` and the limit returns to its
 pre-probe value (reduced by any drops meanwhile). A probe runs after the first
-window (the first estimate may have been taken under load), every
+window if that window was binding (the first estimate may have been taken
+behind a queue we caused; an unbound first window is a no-load RTT), every
 ``probe_interval_s`` (default 30 s, +/- ``probe_jitter`` with an injected
-``random.Random``), and early when ``stuck_windows`` (default 4) windows in a
-row had their gradient clamped at ``min_gradient``: the backend really got
-slower and the old minimum no longer describes it.
+``random.Random``), and early when ``stuck_windows`` (default 2) windows in a
+row had ``ratio < stuck_ratio`` (default 0.5) without the ratio recovering
+by more than 10 % after the previous cut: cutting did not shorten the
+backend's queue, so the backend really got slower and the old minimum no
+longer describes it (not within ``2 * stuck_windows`` windows of the last
+probe: that floor is fresh; the queue behind the restored limit, or behind
+growth measured against the new floor, is what is slow). If
+such a probe finds the floor more than ``1 / stuck_ratio`` times higher, the
+cuts of the streak chased a stale floor and the limit returns to its value
+before the streak (not the cut one).
 
 **States.** ``measuring`` (normal windows) and ``probing``.
 
 **Defaults.** initial 20, min 4, max 1000, window 500 ms, percentile 0.5,
-tolerance 1.1, growth 1.5, binding 0.9, backoff 0.9, min_gradient 0.5.
+tolerance 1.1, growth 1.5, binding 0.9, backoff 0.9, min_gradient 0.25,
+stuck_ratio 0.5, fast close after 20 fresh samples at 2x the floor.
 References: Netflix concurrency-limits ``GradientLimit``/``Gradient2Limit``;
 Envoy adaptive-concurrency ``GradientController`` (minRTT probing).
 """
@@ -58,6 +84,10 @@ import random
 from ballast_asgi.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
 
 _MAX_WINDOW_SAMPLES = 10_000
+#: A stuck streak continues only while the ratio improves by less than this factor.
+_RECOVERING = 1.1
+#: A window is binding when at least this share of its samples started at the limit.
+_BINDING_SHARE = 0.25
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -84,13 +114,16 @@ class GradientLimit:
         growth_factor: float = 1.5,
         binding_ratio: float = 0.9,
         backoff_ratio: float = 0.9,
-        min_gradient: float = 0.5,
+        min_gradient: float = 0.25,
+        stuck_ratio: float = 0.5,
+        fast_close_ratio: float = 2.0,
+        fast_close_samples: int = 20,
         probe_limit: int | None = None,
-        probe_samples: int = 20,
+        probe_samples: int = 10,
         probe_max_windows: int = 4,
         probe_interval_s: float = 30.0,
         probe_jitter: float = 0.1,
-        stuck_windows: int = 4,
+        stuck_windows: int = 2,
         rng: random.Random | None = None,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
@@ -101,6 +134,10 @@ class GradientLimit:
         self.rtt_percentile, self.tolerance = rtt_percentile, tolerance
         self.growth_factor, self.binding_ratio = growth_factor, binding_ratio
         self.backoff_ratio, self.min_gradient = backoff_ratio, min_gradient
+        if not 0.0 < stuck_ratio <= 1.0 or fast_close_ratio <= 1.0:
+            raise ValueError("stuck_ratio must be in (0, 1] and fast_close_ratio > 1")
+        self.stuck_ratio = stuck_ratio
+        self.fast_close_ratio, self.fast_close_samples = fast_close_ratio, fast_close_samples
         self.probe_limit = int(clamp(probe_limit or min_limit, min_limit, max_limit))
         self.probe_samples, self.probe_max_windows = max(1, probe_samples), probe_max_windows
         self.probe_interval_s, self.probe_jitter = probe_interval_s, probe_jitter
@@ -115,10 +152,15 @@ class GradientLimit:
         #: Closed measurement windows.
         self.windows = 0
         self._stuck = 0
+        self._last_ratio = 1.0
+        self._pre_stuck_limit = self._limit
+        self._probe_restore: float | None = None
         self._next_probe_at = math.inf
         self._probe_start: float | None = None
         self._probe_rtts: list[float] = []
         self._saved_limit = self._limit
+        self._probe_ended_at = -math.inf
+        self._probe_end_window = 0
         self._last_backoff_at = -math.inf
         self._reset_window(None)
 
@@ -178,14 +220,23 @@ class GradientLimit:
     def _reset_window(self, now: float | None) -> None:
         self._window_start = now
         self._window_rtts: list[float] = []
-        self._window_max_inflight = 0
+        self._window_binding = 0
         self._window_dropped = False
+        self._fresh = 0
+        self._fresh_slow = 0
 
     def _window_sample(self, sample: Sample) -> None:
+        if sample.start < self._probe_ended_at:
+            return  # started under the probe's limit: says nothing about the restored one
         if len(self._window_rtts) < _MAX_WINDOW_SAMPLES:
             self._window_rtts.append(max(sample.rtt_s, MIN_RTT_S))
-        if sample.inflight_at_start > self._window_max_inflight:
-            self._window_max_inflight = sample.inflight_at_start
+        start, noload = self._window_start, self._rtt_noload_s
+        if self._probed and start is not None and noload is not None and sample.start >= start:
+            self._fresh += 1
+            if sample.rtt_s > self.fast_close_ratio * noload:
+                self._fresh_slow += 1
+        if sample.inflight_at_start >= self.binding_ratio * int(self._limit):
+            self._window_binding += 1
 
     def _on_drop(self, now: float) -> None:
         self._window_dropped = True
@@ -201,13 +252,15 @@ class GradientLimit:
 
     def _window_due(self, now: float) -> bool:
         start = self._window_start if self._window_start is not None else now
+        if self._fresh >= self.fast_close_samples and 2 * self._fresh_slow > self._fresh:
+            return True  # most requests started in this window queue: do not wait it out
         return now - start >= self.window_s and len(self._window_rtts) >= self.min_window_samples
 
     # -- the update -----------------------------------------------------------
     def _close_window(self, now: float) -> None:
-        rtts, max_inflight, dropped = (
+        rtts, at_limit, dropped = (
             self._window_rtts,
-            self._window_max_inflight,
+            self._window_binding,
             self._window_dropped,
         )
         self._reset_window(now)
@@ -217,12 +270,28 @@ class GradientLimit:
         if self._rtt_noload_s is None or recent < self._rtt_noload_s:
             self._rtt_noload_s = recent
         ratio = self._rtt_noload_s / recent
-        self._stuck = self._stuck + 1 if ratio < self.min_gradient else 0
-        binding = max_inflight >= self.binding_ratio * int(self._limit)
+        self._count_stuck(ratio)
+        binding = at_limit >= max(1.0, _BINDING_SHARE * len(rtts))
         new = self._next_limit(ratio, binding, dropped)
         self._limit = clamp(new, self.min_limit, self.max_limit)
-        if not self._probed or self._stuck >= self.stuck_windows or now >= self._next_probe_at:
-            self._start_probe(now)
+        if not self._probed and not binding:  # nothing queued behind us: a no-load RTT
+            self._probed = True
+            self._schedule_probe(now)
+        fresh_floor = self.windows - self._probe_end_window <= 2 * self.stuck_windows
+        stuck = self._stuck >= self.stuck_windows and not fresh_floor
+        if not self._probed or stuck or now >= self._next_probe_at:
+            self._start_probe(now, self._pre_stuck_limit if stuck else None)
+
+    def _count_stuck(self, ratio: float) -> None:
+        """Count windows far above the floor whose ratio did not recover after a cut."""
+        if ratio >= self.stuck_ratio:
+            self._stuck = 0
+        elif self._stuck and ratio <= self._last_ratio * _RECOVERING:
+            self._stuck += 1
+        else:  # a new streak (or the last cut worked: queueing, not a moved floor)
+            self._stuck = 1
+            self._pre_stuck_limit = self._limit
+        self._last_ratio = ratio
 
     def _next_limit(self, ratio: float, binding: bool, dropped: bool) -> float:
         limit = self._limit
@@ -235,11 +304,12 @@ class GradientLimit:
         return new
 
     # -- probing --------------------------------------------------------------
-    def _start_probe(self, now: float) -> None:
+    def _start_probe(self, now: float, pre_stuck_limit: float | None) -> None:
         self._probe_start = now
         self._probe_rtts = []
         self._saved_limit = self._limit
         self._stuck = 0
+        self._probe_restore = pre_stuck_limit
 
     def _probe_sample(self, sample: Sample) -> None:
         start = self._probe_start
@@ -253,12 +323,21 @@ class GradientLimit:
         if not enough and now - start < self.probe_max_windows * self.window_s:
             return
         if self._probe_rtts:
-            self._rtt_noload_s = percentile(self._probe_rtts, self.rtt_percentile)
+            old, new = self._rtt_noload_s, percentile(self._probe_rtts, self.rtt_percentile)
+            moved = old is not None and new * self.stuck_ratio > old
+            if moved and self._probe_restore is not None:  # the cuts chased a stale floor
+                self._saved_limit = max(self._saved_limit, self._probe_restore)
+            self._rtt_noload_s = new
             self._probed = True
             self.probes += 1
         self._probe_start = None
+        self._probe_ended_at = now
+        self._probe_end_window = self.windows
         self._limit = self._saved_limit
         self._reset_window(now)
+        self._schedule_probe(now)
+
+    def _schedule_probe(self, now: float) -> None:
         jitter = 1.0 + self._rng.uniform(-self.probe_jitter, self.probe_jitter)
         self._next_probe_at = now + self.probe_interval_s * jitter
 

@@ -91,6 +91,23 @@ class ShedResponder:
         if ctx is not None:
             ctx.would_shed.append(reason)
 
+    async def refuse(
+        self,
+        send: Send,
+        ctx: RequestContext | None,
+        reason: ShedReason,
+        priority: Priority,
+        retry_after_s: float | None = None,
+    ) -> bool:
+        """Every stage's shed point: shed and return True, or (dry-run) count and return False."""
+        if self.dry_run:
+            self.count_would_shed(ctx, reason, priority)
+            return False
+        if ctx is not None:
+            ctx.shed_reason = reason
+        await self.shed(send, reason, priority, retry_after_s)
+        return True
+
     async def shed(
         self,
         send: Send,

@@ -80,7 +80,7 @@ class AdmissionMiddleware:
         ctx = RequestContext(arrival=now, deadline=deadline, priority=priority)
         self.metrics.count_request(priority)
         reason = self._shed_reason(ctx, now)
-        if reason is not None and await self._refuse(send, ctx, reason):
+        if reason is not None and await self.responder.refuse(send, ctx, reason, ctx.priority):
             return
         await self.app(with_context(scope, ctx), receive, send)
 
@@ -103,15 +103,6 @@ class AdmissionMiddleware:
         ):
             return ShedReason.EARLY_DROP
         return None
-
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
-        """The single shed point of this stage; False when dry-run admits the request."""
-        if self.responder.dry_run:
-            self.responder.count_would_shed(ctx, reason, ctx.priority)
-            return False
-        ctx.shed_reason = reason
-        await self.responder.shed(send, reason, ctx.priority)
-        return True
 
 
 def _find_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:

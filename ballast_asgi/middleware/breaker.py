@@ -258,18 +258,16 @@ class BreakerMiddleware:
     async def _shed(self, send: Send, ctx: RequestContext | None) -> bool:
         """The single shed point of this stage; False when dry-run admits the request."""
         priority = Priority.STANDARD if ctx is None else ctx.priority
-        if self._responder.dry_run:
-            self._responder.count_would_shed(ctx, ShedReason.BREAKER_OPEN, priority)
-            if ctx is not None and ctx.permit is not None:  # hand it back, as a shed would
-                permit, ctx.permit = ctx.permit, None
-                permit.release(Outcome.IGNORED, self._clock())
-            return False
-        if ctx is not None:
-            ctx.shed_reason = ShedReason.BREAKER_OPEN
-            ctx.outcome = Outcome.IGNORED
         retry_after_s = self._breaker.retry_after_s(self._clock())
-        await self._responder.shed(send, ShedReason.BREAKER_OPEN, priority, retry_after_s)
-        return True
+        reason = ShedReason.BREAKER_OPEN
+        if await self._responder.refuse(send, ctx, reason, priority, retry_after_s):
+            if ctx is not None:
+                ctx.outcome = Outcome.IGNORED
+            return True
+        if ctx is not None and ctx.permit is not None:  # dry-run: hand it back, as a shed would
+            permit, ctx.permit = ctx.permit, None
+            permit.release(Outcome.IGNORED, self._clock())
+        return False
 
     # -- streaming: one attempt, passed through --------------------------------
     async def _stream(

@@ -20,7 +20,7 @@ so does one an outer stage already admitted that way (``ctx.would_shed``).
 from __future__ import annotations
 
 from ballast_asgi.capacity import Capacity
-from ballast_asgi.context import RequestContext, find_context
+from ballast_asgi.context import find_context
 from ballast_asgi.outcomes import ShedReason
 from ballast_asgi.priority import Priority
 from ballast_asgi.responses import ShedResponder
@@ -50,23 +50,13 @@ class CapacityMiddleware:
         body_bytes = _content_length(scope)
         capacity = self.capacity
         if not capacity.try_enter(priority, body_bytes):
-            if not await self._refuse(send, ctx, priority):
+            if not await self.responder.refuse(send, ctx, ShedReason.CAPACITY, priority):
                 await self.app(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             capacity.leave(body_bytes)
-
-    async def _refuse(self, send: Send, ctx: RequestContext | None, priority: Priority) -> bool:
-        """The single shed point of this stage; False when dry-run admits the request."""
-        if self.responder.dry_run:
-            self.responder.count_would_shed(ctx, ShedReason.CAPACITY, priority)
-            return False
-        if ctx is not None:
-            ctx.shed_reason = ShedReason.CAPACITY
-        await self.responder.shed(send, ShedReason.CAPACITY, priority)
-        return True
 
 
 def _content_length(scope: Scope) -> int:

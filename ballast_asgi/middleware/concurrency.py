@@ -80,7 +80,9 @@ class ConcurrencyMiddleware:
         permit = ctx.permit
         if permit is None and not ctx.would_shed:
             permit = self.limiter.try_acquire(self.clock())
-            if permit is None and await self._refuse(send, ctx, ShedReason.LIMIT):
+            if permit is None and await self.responder.refuse(
+                send, ctx, ShedReason.LIMIT, ctx.priority
+            ):
                 return
             ctx.permit = permit
         if permit is None:  # dry-run: admitted over the limit; no permit to release
@@ -103,12 +105,3 @@ class ConcurrencyMiddleware:
         finally:
             if ctx.permit is permit:  # else an inner stage handed it back (dry-run breaker)
                 permit.release(outcome_for(ctx, status, error), self.clock())
-
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
-        """The single shed point of this stage; False when dry-run admits the request."""
-        if self.responder.dry_run:
-            self.responder.count_would_shed(ctx, reason, ctx.priority)
-            return False
-        ctx.shed_reason = reason
-        await self.responder.shed(send, reason, ctx.priority)
-        return True

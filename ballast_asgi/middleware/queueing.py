@@ -103,7 +103,7 @@ class QueueMiddleware:
         self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
     ) -> None:
         if ctx.deadline is not None and ctx.deadline <= now:
-            if not await self._refuse(send, ctx, ShedReason.DEADLINE):
+            if not await self.responder.refuse(send, ctx, ShedReason.DEADLINE, ctx.priority):
                 await self._run(scope, receive, send, ctx)
             return
         loop = asyncio.get_running_loop()
@@ -114,7 +114,7 @@ class QueueMiddleware:
             self._leave(pushed.displaced, ShedReason.QUEUE_FULL)
         if not pushed.accepted:
             self.metrics.count_queued("queue_full")
-            if not await self._refuse(send, ctx, ShedReason.QUEUE_FULL):
+            if not await self.responder.refuse(send, ctx, ShedReason.QUEUE_FULL, ctx.priority):
                 await self._run(scope, receive, send, ctx)
             return
         buffered: list[Message] = []
@@ -141,7 +141,7 @@ class QueueMiddleware:
             result = ShedReason.DEADLINE
         if isinstance(result, ShedReason):
             self.metrics.count_queued("timeout" if result in _TIMEOUT_REASONS else "queue_full")
-            if await self._refuse(send, ctx, result):
+            if await self.responder.refuse(send, ctx, result, ctx.priority):
                 return
         else:
             self.metrics.count_queued("admitted")
@@ -207,15 +207,6 @@ class QueueMiddleware:
 
     def _on_release(self, now: float) -> None:
         dispatch(self.queue, self.limiter, now, _deliver)
-
-    async def _refuse(self, send: Send, ctx: RequestContext, reason: ShedReason) -> bool:
-        """The single shed point of this stage; False when dry-run admits the request."""
-        if self.responder.dry_run:
-            self.responder.count_would_shed(ctx, reason, ctx.priority)
-            return False
-        ctx.shed_reason = reason
-        await self.responder.shed(send, reason, ctx.priority)
-        return True
 
 
 def _deliver(waiter: Waiter, permit: Permit) -> bool:

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+
+from tests.e2e.support import free_port, serve_in_thread, stop_process, stop_thread, wait_http
 
 pytestmark = pytest.mark.e2e
 
 PY = sys.executable
-
-
-def free_port() -> int:
-    """An unused loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -43,47 +34,14 @@ async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def upstream_url() -> Iterator[str]:
     """A real uvicorn upstream on loopback, in a thread."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(upstream, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    limit = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < limit and thread.is_alive()
-        time.sleep(0.01)
+    server, thread = serve_in_thread(upstream, port)
     yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
-    limit = time.monotonic() + 15
-    while time.monotonic() < limit:
-        assert proc.poll() is None, proc.communicate()[1].decode()
-        try:
-            httpx.get(url, timeout=0.5)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} never answered")
+    stop_thread(server, thread)
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     full = {**os.environ, **env}
     return subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.communicate(timeout=15)  # also closes the pipes
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode
 
 
 def _uvicorn(port: int) -> list[str]:
@@ -118,14 +76,14 @@ def test_uvicorn_gateway_from_environment(upstream_url: str) -> None:
     proc = _start(_uvicorn(port), env)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_http(base + "/_ballast/health", proc)
+        wait_http(base + "/_ballast/health", proc)
         r = httpx.get(base + "/a/b", headers={"X-Deadline-Ms": "1000"})
         assert r.json()["path"] == "/a/b" and 0 < int(r.json()["deadline"]) <= 1000
         snap = httpx.get(base + "/_ballast/snapshot").json()
         assert snap["limiter"]["limit"] == 16 and snap["limiter"]["inflight"] == 0
     finally:
         # uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert _stop(proc) in (0, -signal.SIGTERM)
+        assert stop_process(proc) in (0, -signal.SIGTERM)
 
 
 def test_cli_traffic_and_admin_ports_and_clean_shutdown(upstream_url: str) -> None:
@@ -135,15 +93,15 @@ def test_cli_traffic_and_admin_ports_and_clean_shutdown(upstream_url: str) -> No
             "--port", str(port), "--admin-port", str(admin)]  # fmt: skip
     proc = _start(args, {"BALLAST_CONFIG": ""})
     try:
-        _wait_http(f"http://127.0.0.1:{admin}/metrics", proc)
-        _wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
+        wait_http(f"http://127.0.0.1:{admin}/metrics", proc)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         assert httpx.get(f"http://127.0.0.1:{port}/x").json()["path"] == "/x"
         metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
         assert "ballast_concurrency_limit" in metrics
         snap = httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()
         assert snap["config"]["limiter"] == "gradient"
     finally:
-        assert _stop(proc) == 0
+        assert stop_process(proc) == 0
 
 
 def test_check_config(tmp_path: Path) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from tests.e2e.test_gateway_e2e import free_port
+from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -51,19 +47,11 @@ def held() -> Iterator[tuple[HeldUpstream, str]]:
     """The held upstream served by uvicorn in a thread."""
     app = HeldUpstream()
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    limit = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < limit and thread.is_alive()
-        time.sleep(0.01)
+    server, thread = serve_in_thread(app, port)
     yield app, f"http://127.0.0.1:{port}"
-    server.should_exit = True
     for future in app.waiting:
         future.get_loop().call_soon_threadsafe(_resolve, future)
-    thread.join(10)
+    stop_thread(server, thread)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -79,31 +67,8 @@ def gateway(tmp_path: Path, held: tuple[HeldUpstream, str]) -> Iterator[tuple[st
         f"upstream: {held[1]}\nlimiter:\n  algorithm: fixed\n  fixed_limit: 1\n"
         "admission_queue:\n  lifo_threshold: 2\nretry:\n  enabled: false\n"
     )
-    port = free_port()
-    env = {**os.environ, "BALLAST_CONFIG": str(config), "BALLAST_UPSTREAM": "",
-           "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}  # fmt: skip
-    args = [sys.executable, "-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port)]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        limit = time.monotonic() + 15
-        while True:
-            assert proc.poll() is None, proc.communicate()[1].decode()
-            try:
-                httpx.get(base + "/_ballast/health", timeout=0.5)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < limit, "gateway did not start"
-                time.sleep(0.05)
-        yield base, config, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    with uvicorn_gateway(config) as (base, pid):
+        yield base, config, pid
 
 
 async def _until(check: Any, what: str, seconds: float = 10.0) -> None:

@@ -1,0 +1,88 @@
+"""Helpers for tests that run real servers on loopback (bounded readiness polls, PID stops)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+#: Environment that makes the gateway read only the config file it is given.
+NO_BALLAST_ENV = {"BALLAST_UPSTREAM": "", "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}
+
+
+def free_port() -> int:
+    """An unused loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_in_thread(app: Any, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+    """Run ``app`` on uvicorn in a thread; return once it accepts connections."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    limit = time.monotonic() + 10
+    while not server.started:  # readiness poll, bounded
+        assert time.monotonic() < limit and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    return server, thread
+
+
+def stop_thread(server: uvicorn.Server, thread: threading.Thread) -> None:
+    """Stop a server started by ``serve_in_thread``."""
+    server.should_exit = True
+    thread.join(10)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 15.0) -> None:
+    """Poll ``url`` until it answers, failing early if ``proc`` exits."""
+    limit = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        try:
+            httpx.get(url, timeout=0.5)
+            return
+        except httpx.TransportError:
+            assert time.monotonic() < limit, f"{url} never answered"
+            time.sleep(0.05)  # readiness poll, bounded
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM by PID, wait (closing the pipes), SIGKILL if it hangs; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode
+
+
+@contextmanager
+def uvicorn_gateway(config: Path) -> Iterator[tuple[str, int]]:
+    """``uvicorn ballast_asgi.gateway:app`` with ``BALLAST_CONFIG=config``: (base URL, PID)."""
+    port = free_port()
+    env = {**os.environ, "BALLAST_CONFIG": str(config), **NO_BALLAST_ENV}
+    args = [sys.executable, "-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port)]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/_ballast/health", proc)
+        yield base, proc.pid
+    finally:
+        stop_process(proc)

@@ -193,6 +193,16 @@ class RetryConfig(_Frozen):
     buffer_responses: bool = True
     #: Responses larger than this are streamed (and can no longer be retried).
     max_buffer_bytes: int = Field(4 * 1024 * 1024, ge=0, le=2**34)
+    #: Upstream statuses worth another attempt (connect errors and timeouts always are).
+    retry_statuses: tuple[int, ...] = (502, 503, 504)
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _statuses(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in v if not 500 <= s <= 599]
+        if bad:
+            raise ValueError(f"retry statuses must be 5xx (500..599), got {bad}")
+        return v
 
 
 class CapacityConfig(_Frozen):

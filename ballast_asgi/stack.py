@@ -130,6 +130,7 @@ def build_stack(inner: ASGIApp, parts: Parts, config: GatewayConfig, *, retries:
             responder=parts.responder,
             metrics=parts.metrics,
             config=retry,
+            retry_statuses=config.retry.retry_statuses,
             clock=parts.clock,
             rng=parts.rng,
         )

@@ -138,3 +138,10 @@ def test_priority_names_accepted_in_rules(tmp_path: Path) -> None:
     cfg = load_config(env={}, path=_write(tmp_path, text))
     assert cfg.priority.default is Priority.BULK
     assert cfg.priority.rules[0].priority is Priority.CRITICAL
+
+
+def test_retry_statuses_must_be_5xx(tmp_path: Path) -> None:
+    """retry.retry_statuses accepts only 5xx codes and names the key otherwise."""
+    text = "upstream: http://127.0.0.1:1\nretry:\n  retry_statuses: [503, 404]\n"
+    msg = _error(env={}, path=_write(tmp_path, text))
+    assert "retry.retry_statuses" in msg and "404" in msg

@@ -140,3 +140,23 @@ async def test_missing_upstream_is_a_config_error() -> None:
     config = build_config({}, require_upstream=False)
     with pytest.raises(ConfigError, match="BALLAST_UPSTREAM"):
         build_gateway(config)
+
+
+async def test_configured_retry_statuses_are_retried(tmp_path: Path) -> None:
+    """With retry.retry_statuses [500], a GET answered 500 once is retried and succeeds."""
+    answers = [500, 200]
+    calls: list[str] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(answers.pop(0))
+
+    path = tmp_path / "ballast.yaml"
+    path.write_text(
+        "upstream: http://up.test\nretry:\n  retry_statuses: [500]\n  backoff_base_ms: 0\n"
+    )
+    config = load_config(env={}, path=path)
+    gw = build_gateway(config, transport=httpx.MockTransport(flaky), config_path=path, env={})
+    async with _client(gw) as c:
+        r = await c.get("/flaky")
+    assert r.status_code == 200 and calls == ["/flaky", "/flaky"]

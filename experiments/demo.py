@@ -29,6 +29,7 @@ from typing import IO, Any
 import aiohttp
 import uvloop
 
+from experiments.exp_one import get_json
 from loadgen.report import format_table, summarize
 from loadgen.runner import LoadConfig, LoadRunner, RunResult
 from loadgen.units import parse_duration_s
@@ -102,16 +103,6 @@ async def wait_ready(child: Child, url: str, session: aiohttp.ClientSession) -> 
                     return
         await asyncio.sleep(0.05)
     raise RuntimeError(f"{child.name} not ready after {READY_TIMEOUT_S:.0f}s:\n{child.log_tail()}")
-
-
-async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
-    """GET ``url`` as JSON, or None when it does not answer within a second."""
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
-            data = await r.json()
-            return data if isinstance(data, dict) else None
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        return None
 
 
 @dataclass

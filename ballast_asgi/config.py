@@ -267,6 +267,11 @@ class GatewayConfig(_Frozen):
                 "admission_queue.enabled requires max_concurrent_requests (1..100000): "
                 "an uncapped gateway has nothing to queue for"
             )
+        cap_only = "max_concurrent_requests" in self.model_fields_set
+        if cap_only and "algorithm" not in self.limiter.model_fields_set:
+            # The reference gateway's semantics: a bare cap *is* the fixed limiter.
+            limiter = self.limiter.model_copy(update={"algorithm": "fixed"})
+            object.__setattr__(self, "limiter", limiter)
         return self
 
     @property

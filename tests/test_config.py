@@ -145,3 +145,20 @@ def test_retry_statuses_must_be_5xx(tmp_path: Path) -> None:
     text = "upstream: http://127.0.0.1:1\nretry:\n  retry_statuses: [503, 404]\n"
     msg = _error(env={}, path=_write(tmp_path, text))
     assert "retry.retry_statuses" in msg and "404" in msg
+
+
+def test_bare_cap_selects_the_fixed_limiter(tmp_path: Path) -> None:
+    """max_concurrent_requests without limiter.algorithm is the fixed limiter at that cap."""
+    cfg = load_config(
+        env={}, path=_write(tmp_path, "upstream: http://a.test\nmax_concurrent_requests: 5\n")
+    )
+    assert (cfg.limiter.algorithm, cfg.fixed_limit) == ("fixed", 5)
+    text = "upstream: http://a.test\nmax_concurrent_requests: 5\nlimiter:\n  algorithm: gradient\n"
+    cfg = load_config(env={}, path=_write(tmp_path, text))
+    assert (cfg.limiter.algorithm, cfg.max_limit) == ("gradient", 5)
+    env = {"BALLAST_LIMITER": "gradient"}
+    cfg = load_config(
+        env=env, path=_write(tmp_path, "upstream: http://a.test\nmax_concurrent_requests: 5\n")
+    )
+    assert cfg.limiter.algorithm == "gradient"
+    assert load_config(env={"BALLAST_UPSTREAM": "http://a.test"}).limiter.algorithm == "gradient"

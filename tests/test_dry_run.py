@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -110,7 +111,7 @@ async def until(condition: Callable[[], bool]) -> None:
     for _ in range(10_000):
         if condition():
             return
-        await asyncio.sleep(0)
+        await anyio.lowlevel.checkpoint()
     raise AssertionError("condition never became true")
 
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -68,7 +69,7 @@ async def until(condition: Callable[[], bool]) -> None:
     for _ in range(20_000):
         if condition():
             return
-        await asyncio.sleep(0)
+        await anyio.lowlevel.checkpoint()
     raise AssertionError("condition never became true")
 
 

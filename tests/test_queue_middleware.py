@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -96,7 +97,7 @@ async def until(condition: Callable[[], bool]) -> None:
     for _ in range(10_000):
         if condition():
             return
-        await asyncio.sleep(0)
+        await anyio.lowlevel.checkpoint()
     raise AssertionError("condition never became true")
 
 
@@ -196,7 +197,7 @@ async def test_body_sent_while_queued_is_replayed() -> None:
     held = stack.hold()
     task = asyncio.ensure_future(stack.client.post("/echo", content=b"payload"))
     await until(lambda: stack.queue.total == 1)
-    await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     held.release(Outcome.SUCCESS, asyncio.get_running_loop().time())
     resp = await task
     assert resp.content == b"payload"

@@ -6,6 +6,7 @@ import asyncio
 import random
 from typing import Any
 
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -54,7 +55,7 @@ async def test_cancelled_waiters_release_their_place_and_workers() -> None:
     first = asyncio.create_task(call())
     second = asyncio.create_task(call())
     for _ in range(3):
-        await asyncio.sleep(0)  # let both tasks reach their await points
+        await anyio.lowlevel.checkpoint()  # let both tasks reach their await points
     assert app.sim.pool.busy == 1 and app.sim.pool.queue_len == 1
     second.cancel()
     first.cancel()

@@ -67,7 +67,7 @@ class AdminRouter:
                     await send_json(send, 404, {"error": "not_found", "path": path})
                     return
         elif scope["type"] == "lifespan" and self.app is None:
-            await _empty_lifespan(receive, send)
+            await empty_lifespan(receive, send)
             return
         if self.app is None:
             await send_json(send, 404, {"error": "not_found"})
@@ -129,7 +129,8 @@ def _authorized(scope: Scope, token: str) -> bool:
     return False
 
 
-async def _empty_lifespan(receive: Receive, send: Send) -> None:
+async def empty_lifespan(receive: Receive, send: Send) -> None:
+    """Answer a lifespan scope for an app that has nothing to start or stop."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

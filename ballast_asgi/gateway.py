@@ -143,30 +143,8 @@ class Gateway:
         return True, f"config version {self.version} applied"
 
 
-def build_gateway(
-    config: GatewayConfig,
-    *,
-    clock: Clock = time.monotonic,
-    transport: httpx.AsyncBaseTransport | None = None,
-    registry: CollectorRegistry | None = None,
-    rng: random.Random | None = None,
-    config_path: str | Path | None = None,
-    env: Mapping[str, str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> Gateway:
-    """Build the whole gateway from one config object."""
-    if config_path is None and env is None:
-        config_path = os.environ.get("BALLAST_CONFIG") or None
-    return Gateway(
-        config,
-        clock=clock,
-        transport=transport,
-        registry=registry,
-        rng=rng,
-        config_path=config_path,
-        env=env,
-        overrides=overrides,
-    )
+#: Build the whole gateway from one config object (the composition root's entry point).
+build_gateway = Gateway
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Gateway:

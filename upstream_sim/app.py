@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from ballast_asgi.admin import empty_lifespan
 from upstream_sim.model import Service, Simulator
 from upstream_sim.profile_api import ProfileUpdate, apply_update, profile_to_dict
 
@@ -49,16 +50,6 @@ def _deadline_s(scope: Scope, now: float) -> float | None:
     return None
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
 class TrafficApp:
     """Raw ASGI app: queue for a worker, hold it for the service time, answer."""
 
@@ -71,7 +62,7 @@ class TrafficApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await empty_lifespan(receive, send)
             return
         arrived = self.clock()
         deadline = _deadline_s(scope, arrived)

@@ -4,33 +4,46 @@ Four pure-ASGI stages (admission with deadlines, priority queue with a LIFO
 tail, adaptive concurrency limiter, circuit breaker with a retry budget) and a
 terminal proxy. ``install(app)`` protects a Starlette/FastAPI app;
 ``uvicorn ballast_asgi.gateway:app`` runs the standalone gateway.
+
+The names below are what a FastAPI user needs; the stages and their
+collaborators live in ``ballast_asgi.middleware``. Imports are lazy, so
+``import ballast_asgi.core.limit.fixed`` loads nothing heavy.
 """
 
 from __future__ import annotations
 
-from ballast_asgi.config import GatewayConfig, load_config
-from ballast_asgi.context import RequestContext, get_context
-from ballast_asgi.install import BallastStack, install, wrap
-from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.middleware.breaker import BreakerMiddleware
-from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
-from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.proxy import ProxyApp
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from ballast_asgi.config import GatewayConfig, load_config
+    from ballast_asgi.core.outcome import ShedReason
+    from ballast_asgi.core.priority import Priority
+    from ballast_asgi.embed import BallastStack, install, wrap
+    from ballast_asgi.middleware.context import RequestContext, get_context
+
+_LAZY = {
+    "GatewayConfig": "ballast_asgi.config",
+    "load_config": "ballast_asgi.config",
+    "ShedReason": "ballast_asgi.core.outcome",
+    "Priority": "ballast_asgi.core.priority",
+    "BallastStack": "ballast_asgi.embed",
+    "install": "ballast_asgi.embed",
+    "wrap": "ballast_asgi.embed",
+    "RequestContext": "ballast_asgi.middleware.context",
+    "get_context": "ballast_asgi.middleware.context",
+}
+
+try:
+    __version__ = metadata.version("ballast-asgi")
+except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
-    "AdmissionMiddleware",
     "BallastStack",
-    "BreakerMiddleware",
-    "ConcurrencyMiddleware",
     "GatewayConfig",
-    "Outcome",
     "Priority",
-    "ProxyApp",
-    "QueueMiddleware",
     "RequestContext",
     "ShedReason",
     "__version__",
@@ -39,3 +52,16 @@ __all__ = [
     "load_config",
     "wrap",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ballast_asgi' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -18,8 +18,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ballast_asgi.responses import send_json
-from ballast_asgi.types import ASGIApp, Receive, Scope, Send
+from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
+from ballast_asgi.middleware.responses import send_json
 
 SnapshotFn = Callable[[], dict[str, Any]]
 #: Reload hook: returns (ok, message). Receives nothing; re-reads the config source.

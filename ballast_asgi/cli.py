@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 
 from ballast_asgi.config import LIMITER_NAMES, load_config
-from ballast_asgi.errors import ConfigError
+from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.gateway import Gateway, build_gateway
 
 

@@ -28,11 +28,11 @@ from prometheus_client import CollectorRegistry
 
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, load_config
-from ballast_asgi.errors import ConfigError
+from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.proxy import ProxyApp
+from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
-from ballast_asgi.types import ASGIApp, Clock, Receive, Scope, Send
 
 
 class Gateway:

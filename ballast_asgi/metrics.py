@@ -17,8 +17,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from ballast_asgi.outcomes import ShedReason
-from ballast_asgi.priority import ALL_PRIORITIES, Priority
+from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.priority import ALL_PRIORITIES, Priority
 
 #: Latency buckets in seconds, 1 ms .. 30 s.
 LATENCY_BUCKETS = (

@@ -1,7 +1,7 @@
 """Build the four stages around an inner ASGI app from one ``GatewayConfig``.
 
 Shared by the standalone gateway (inner app: ``ProxyApp``) and by
-``ballast_asgi.install`` (inner app: the user's own handlers). The stateful
+``ballast_asgi.embed`` (inner app: the user's own handlers). The stateful
 collaborators live in ``Parts`` so that a config reload can rebuild the
 (stateless) middleware chain around the same limiter, queue and breaker
 without dropping an in-flight or queued request.
@@ -16,23 +16,23 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from ballast_asgi.breaker import Breaker
-from ballast_asgi.capacity import Capacity
-from ballast_asgi.classify import Classifier
 from ballast_asgi.config import GatewayConfig
-from ballast_asgi.early_drop import EarlyDropEstimator, make_drain_estimate
-from ballast_asgi.limit import LimitAlgorithm, make_limit
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.breaker import Breaker
+from ballast_asgi.core.capacity import Capacity
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.early_drop import EarlyDropEstimator, make_drain_estimate
+from ballast_asgi.core.limit import LimitAlgorithm, make_limit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.queue import PriorityQueue
+from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.types import ASGIApp, Clock
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.queue import PriorityQueue
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.retry_budget import RetryBudget
-from ballast_asgi.types import ASGIApp, Clock
+from ballast_asgi.middleware.responses import ShedResponder
 
 
 @dataclass(eq=False)

@@ -47,8 +47,8 @@ from typing import Any
 
 import httpx
 
-from ballast_asgi.classify import Classifier
 from ballast_asgi.config import build_config
+from ballast_asgi.core.classify import Classifier
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
@@ -56,9 +56,9 @@ from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.proxy import ProxyApp
+from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.transport import AiohttpTransport
 from ballast_asgi.stack import build_parts
-from ballast_asgi.transport import AiohttpTransport
 
 App = Callable[..., Any]
 #: ``--only``: the configurations to run (e.g. under a profiler); empty = all.

@@ -228,7 +228,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from ballast_asgi.config import ProxyConfig
-    from ballast_asgi.proxy import ProxyApp
+    from ballast_asgi.proxy.app import ProxyApp
 
     app = ProxyApp(args.upstream, config=ProxyConfig(transport=args.transport))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",

@@ -16,7 +16,7 @@ def anyio_backend() -> str:
 @pytest.fixture(autouse=True)
 def no_permits_left_in_flight() -> Iterator[None]:
     """After every test, no limiter created during it still holds a permit."""
-    from ballast_asgi.limiter import live_limiters
+    from ballast_asgi.core.limiter import live_limiters
 
     before = max((lim.serial for lim in live_limiters()), default=0)
     yield

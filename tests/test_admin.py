@@ -7,8 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast_asgi.admin import AdminRouter
+from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
-from ballast_asgi.types import Receive, Scope, Send
 
 pytestmark = pytest.mark.anyio
 

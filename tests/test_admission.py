@@ -5,18 +5,18 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ballast_asgi.classify import Classifier
 from ballast_asgi.config import PriorityConfig, PriorityRule
-from ballast_asgi.context import RequestContext, get_context
-from ballast_asgi.early_drop import EarlyDropEstimator
-from ballast_asgi.limit import FixedLimit
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.early_drop import EarlyDropEstimator
+from ballast_asgi.core.limit import FixedLimit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.outcomes import Outcome
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 pytestmark = pytest.mark.anyio
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ballast_asgi.breaker import Breaker, BreakerState
 from ballast_asgi.config import BreakerConfig
+from ballast_asgi.core.breaker import Breaker, BreakerState
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

@@ -13,17 +13,17 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from ballast_asgi.breaker import Breaker, BreakerState
 from ballast_asgi.config import RetryConfig
-from ballast_asgi.context import RequestContext, find_context, with_context
+from ballast_asgi.core.breaker import Breaker, BreakerState
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.breaker import BreakerMiddleware
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.proxy import ProxyApp
-from ballast_asgi.responses import ShedResponder, send_json
-from ballast_asgi.retry_budget import RetryBudget
-from ballast_asgi.types import ASGIApp, Message, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, find_context, with_context
+from ballast_asgi.middleware.responses import ShedResponder, send_json
+from ballast_asgi.proxy.app import ProxyApp
 
 Behaviour = Callable[[Scope, Receive, Send, "Harness"], Awaitable[None]]
 

@@ -7,17 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ballast_asgi.capacity import ByteBudget, Capacity
 from ballast_asgi.config import build_config
-from ballast_asgi.context import RequestContext, with_context
+from ballast_asgi.core.capacity import ByteBudget, Capacity
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
+from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import Message, Receive, Scope, Send
+from ballast_asgi.middleware.responses import ShedResponder
 
 # -- pure core ------------------------------------------------------------------
 

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ballast_asgi.classify import Classifier
 from ballast_asgi.config import PriorityConfig
-from ballast_asgi.context import get_context
-from ballast_asgi.errors import HeaderError
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.priority import Priority
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder, send_json
+from ballast_asgi.middleware.context import get_context
+from ballast_asgi.middleware.responses import ShedResponder, send_json
 
 C, S, B = Priority.CRITICAL, Priority.STANDARD, Priority.BULK
 

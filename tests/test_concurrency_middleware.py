@@ -8,16 +8,16 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from ballast_asgi.context import RequestContext, get_context
-from ballast_asgi.limit import FixedLimit, Sample
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.limit import FixedLimit, Sample
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, outcome_for
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import ASGIApp, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ballast_asgi.config import GatewayConfig, load_config
-from ballast_asgi.errors import ConfigError
-from ballast_asgi.priority import Priority
+from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.priority import Priority
 
 UP = {"BALLAST_UPSTREAM": "http://127.0.0.1:9101"}
 

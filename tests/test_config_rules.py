@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ballast_asgi.config import load_config
-from ballast_asgi.errors import ConfigError
+from ballast_asgi.core.errors import ConfigError
 
 HEAD = "upstream: http://127.0.0.1:9101\n"
 

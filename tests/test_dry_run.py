@@ -21,11 +21,11 @@ import httpx
 import pytest
 
 from ballast_asgi.config import GatewayConfig, build_config
-from ballast_asgi.context import RequestContext, find_context
+from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics, null_metrics
+from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.stack import Parts, build_parts, build_stack
-from ballast_asgi.types import Receive, Scope, Send
 
 pytestmark = pytest.mark.anyio
 

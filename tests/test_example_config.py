@@ -21,9 +21,9 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from ballast_asgi.classify import Classifier
 from ballast_asgi.config import GatewayConfig, load_config, read_yaml
-from ballast_asgi.priority import Priority
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.priority import Priority
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = EXAMPLES / "ballast.example.yaml"

@@ -135,7 +135,7 @@ async def test_reload_endpoint_requires_token(tmp_path: Path) -> None:
 async def test_missing_upstream_is_a_config_error() -> None:
     """Building the gateway without an upstream fails with a named error."""
     from ballast_asgi.config import build_config
-    from ballast_asgi.errors import ConfigError
+    from ballast_asgi.core.errors import ConfigError
 
     config = build_config({}, require_upstream=False)
     with pytest.raises(ConfigError, match="BALLAST_UPSTREAM"):

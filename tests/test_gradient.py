@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ballast_asgi.limit import GradientLimit, Sample
+from ballast_asgi.core.limit import GradientLimit, Sample
 
 WINDOW_S = 0.5
 

@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 import ballast_asgi
-from ballast_asgi.install import wrap
+from ballast_asgi.embed import wrap
 
 pytestmark = pytest.mark.anyio
 

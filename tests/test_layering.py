@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,18 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("starlette", "fastapi", "httpx", "uvicorn", "aiohttp", "prometheus_client", "anyio")
 CORES = [
-    "ballast_asgi/types.py",
-    "ballast_asgi/errors.py",
-    "ballast_asgi/outcomes.py",
-    "ballast_asgi/priority.py",
-    "ballast_asgi/classify.py",
-    "ballast_asgi/deadline.py",
-    "ballast_asgi/context.py",
-    "ballast_asgi/limiter.py",
-    "ballast_asgi/queue.py",
-    "ballast_asgi/breaker.py",
-    "ballast_asgi/retry_budget.py",
-    "ballast_asgi/limit/*.py",
+    "ballast_asgi/core/*.py",
+    "ballast_asgi/core/limit/*.py",
     "upstream_sim/model.py",
     "loadgen/schedule.py",
     "loadgen/hist.py",
@@ -55,3 +47,39 @@ def test_core_module_is_pure(path: Path) -> None:
 def test_core_list_is_not_empty() -> None:
     """The layering test checks real files (guards against a renamed tree)."""
     assert len(_core_files()) >= 6
+
+
+HEAVY = (
+    "starlette",
+    "httpx",
+    "aiohttp",
+    "prometheus_client",
+    "pydantic",
+    "yaml",
+    "uvicorn",
+    "anyio",
+)
+
+
+def _core_modules() -> list[str]:
+    mods = []
+    for path in sorted((ROOT / "ballast_asgi" / "core").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods.append(".".join(parts))
+    return mods
+
+
+@pytest.mark.parametrize("module", _core_modules())
+def test_core_import_loads_nothing_heavy(module: str) -> None:
+    """Importing a core module in a fresh interpreter loads no adapter library."""
+    code = (
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "", f"{module} pulled in {out.stdout.strip()}"

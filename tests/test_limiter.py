@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ballast_asgi.limit import FixedLimit, Sample
-from ballast_asgi.limiter import Limiter, live_limiters
-from ballast_asgi.outcomes import Outcome
+from ballast_asgi.core.limit import FixedLimit, Sample
+from ballast_asgi.core.limiter import Limiter, live_limiters
+from ballast_asgi.core.outcome import Outcome
 
 
 class Recording(FixedLimit):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast_asgi.limit import ALGORITHMS, LimitAlgorithm, Sample, make_limit
+from ballast_asgi.core.limit import ALGORITHMS, LimitAlgorithm, Sample, make_limit
 
 MIN, INITIAL, MAX = 4, 20, 200
 

@@ -13,15 +13,15 @@ from collections import Counter
 
 import pytest
 
-from ballast_asgi.limit import make_limit
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.limit import make_limit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.queue import PriorityQueue
+from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.queue import PriorityQueue
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import ASGIApp, Message, Receive, Scope, Send
+from ballast_asgi.middleware.responses import ShedResponder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ballast_asgi.deadline import (
+from ballast_asgi.core.deadline import (
     MAX_BUDGET_MS,
     absolute_deadline,
     parse_budget_ms,
     remaining_ms_header,
 )
-from ballast_asgi.errors import HeaderError
-from ballast_asgi.priority import Priority, parse_priority
+from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.priority import Priority, parse_priority
 
 
 @pytest.mark.parametrize(

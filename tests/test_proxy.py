@@ -10,12 +10,12 @@ import httpx
 import pytest
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.context import RequestContext, with_context
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.priority import Priority
 from ballast_asgi.metrics import null_metrics
-from ballast_asgi.outcomes import Outcome
-from ballast_asgi.priority import Priority
-from ballast_asgi.proxy import ProxyApp
-from ballast_asgi.transport import make_transport
+from ballast_asgi.middleware.context import RequestContext, with_context
+from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.transport import make_transport
 from tests.proxy_upstream import BIG_BODY, GZIP_BODY, mock_handler, real_upstream
 
 MakeProxy = Callable[..., ProxyApp]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ballast_asgi.limit import FixedLimit
-from ballast_asgi.limiter import Limiter, Permit
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.queue import PriorityQueue, Waiter, dispatch
+from ballast_asgi.core.limit import FixedLimit
+from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
 
 C, S, B = Priority.CRITICAL, Priority.STANDARD, Priority.BULK
 

@@ -10,17 +10,17 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from ballast_asgi.context import get_context
-from ballast_asgi.limit import FixedLimit
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.limit import FixedLimit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.queue import PriorityQueue
+from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
+from ballast_asgi.middleware.context import get_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
-from ballast_asgi.outcomes import Outcome
-from ballast_asgi.queue import PriorityQueue
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import Message, Receive, Scope, Send
+from ballast_asgi.middleware.responses import ShedResponder
 
 pytestmark = pytest.mark.anyio
 

@@ -14,16 +14,16 @@ import random
 import httpx
 import pytest
 
-from ballast_asgi.breaker import Breaker, BreakerState
 from ballast_asgi.config import BreakerConfig, RetryConfig
-from ballast_asgi.context import RequestContext, with_context
+from ballast_asgi.core.breaker import Breaker, BreakerState
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.types import Message
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.breaker import BreakerMiddleware
-from ballast_asgi.priority import Priority
-from ballast_asgi.proxy import ProxyApp
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.retry_budget import RetryBudget
-from ballast_asgi.types import Message
+from ballast_asgi.middleware.context import RequestContext, with_context
+from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.proxy.app import ProxyApp
 
 RATE_PER_S = 200
 DEADLINE_S = 1.0

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast_asgi.config import RetryConfig
-from ballast_asgi.retry_budget import RetryBudget, WindowCounts
+from ballast_asgi.core.retry_budget import RetryBudget, WindowCounts
 
 # 10 s window in 10 buckets of 1 s; test times are multiples of 1/4 s, so the
 # bucket arithmetic is exact in binary floating point.

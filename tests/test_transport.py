@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.transport import AiohttpTransport, make_transport
+from ballast_asgi.proxy.transport import AiohttpTransport, make_transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\nok"

@@ -20,15 +20,15 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from ballast_asgi.classify import Classifier
-from ballast_asgi.context import RequestContext, with_context
-from ballast_asgi.deadline import DEADLINE_HEADER, absolute_deadline
-from ballast_asgi.errors import HeaderError
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.deadline import DEADLINE_HEADER, absolute_deadline
+from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import ShedReason
-from ballast_asgi.priority import PRIORITY_HEADER, Priority, parse_priority
-from ballast_asgi.responses import ShedResponder, send_bad_request
-from ballast_asgi.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, with_context
+from ballast_asgi.middleware.responses import ShedResponder, send_bad_request
 
 
 class EarlyDrop(Protocol):

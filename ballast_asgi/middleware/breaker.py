@@ -53,15 +53,15 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
-from ballast_asgi.breaker import Breaker, BreakerState, Ticket
 from ballast_asgi.config import RetryConfig
-from ballast_asgi.context import RequestContext, find_context
+from ballast_asgi.core.breaker import Breaker, BreakerState, Ticket
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.retry_budget import RetryBudget
-from ballast_asgi.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 IDEMPOTENCY_KEY = b"idempotency-key"

@@ -19,12 +19,12 @@ so does one an outer stage already admitted that way (``ctx.would_shed``).
 
 from __future__ import annotations
 
-from ballast_asgi.capacity import Capacity
-from ballast_asgi.context import find_context
-from ballast_asgi.outcomes import ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import ASGIApp, Receive, Scope, Send
+from ballast_asgi.core.capacity import Capacity
+from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
+from ballast_asgi.middleware.context import find_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 _CONTENT_LENGTH = b"content-length"
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ballast_asgi.context import RequestContext, get_context
-from ballast_asgi.limiter import Limiter
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 
 def outcome_for(ctx: RequestContext, status: int | None, error: BaseException | None) -> Outcome:

@@ -37,13 +37,13 @@ import asyncio
 import time
 from typing import Any
 
-from ballast_asgi.context import RequestContext, get_context
-from ballast_asgi.limiter import Limiter, Permit
+from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.queue import PriorityQueue, Waiter, dispatch
-from ballast_asgi.responses import ShedResponder
-from ballast_asgi.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.responses import ShedResponder
 
 #: The result a waiter's future gets when its client disconnects.
 GONE = "client_gone"

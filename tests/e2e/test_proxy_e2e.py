@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.proxy import ProxyApp
+from ballast_asgi.proxy.app import ProxyApp
 
 pytestmark = pytest.mark.e2e
 

@@ -14,11 +14,11 @@ import math
 import random
 from collections.abc import Callable
 
-from ballast_asgi.context import RequestContext
+from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.types import Send
+from ballast_asgi.middleware.context import RequestContext
 
 _JSON = (b"content-type", b"application/json")
 _NO_STORE = (b"cache-control", b"no-store")

@@ -21,7 +21,7 @@ long_window 600 samples, queue_size 4, backoff_ratio 0.9.
 
 from __future__ import annotations
 
-from ballast_asgi.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
 
 _WARMUP = 10
 

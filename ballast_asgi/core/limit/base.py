@@ -1,6 +1,6 @@
 """The limit-algorithm interface: samples in, a concurrency limit out.
 
-A limit algorithm never enforces anything (that is ``ballast_asgi.limiter``);
+A limit algorithm never enforces anything (that is ``ballast_asgi.core.limiter``);
 it only turns completed-request samples into a number. Every algorithm is pure:
 time arrives as ``now`` (monotonic seconds) and randomness, where used, as an
 injected ``random.Random``.

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ballast_asgi.limiter import Limiter
-from ballast_asgi.priority import Priority
-from ballast_asgi.queue import PriorityQueue
-from ballast_asgi.types import Clock
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.queue import PriorityQueue
+from ballast_asgi.core.types import Clock
 
 
 def expected_wait_s(ahead: int, throughput_rps: float) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from ballast_asgi.errors import HeaderError
+from ballast_asgi.core.errors import HeaderError
 
 PRIORITY_HEADER = b"x-priority"
 

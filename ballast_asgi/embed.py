@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, build_config
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.stack import Parts, build_parts, build_stack
-from ballast_asgi.types import ASGIApp, Clock, Receive, Scope, Send
 
 
 class _SupportsAddMiddleware(Protocol):

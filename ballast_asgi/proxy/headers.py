@@ -19,7 +19,7 @@ from urllib.parse import quote_from_bytes
 
 import httpx
 
-from ballast_asgi.types import RawHeaders, Scope
+from ballast_asgi.core.types import RawHeaders, Scope
 
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from ballast_asgi.limit.base import MIN_RTT_S, Sample, check_bounds, clamp, log10_root
+from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp, log10_root
 
 
 class VegasLimit:

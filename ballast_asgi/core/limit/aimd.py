@@ -13,7 +13,7 @@ Defaults: initial 20, min 4, max 1000, backoff_ratio 0.9, timeout_s 5.0.
 
 from __future__ import annotations
 
-from ballast_asgi.limit.base import Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import Sample, check_bounds, clamp
 
 
 class AIMDLimit:

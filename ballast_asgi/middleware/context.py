@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ballast_asgi.errors import ContextMissingError
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import Priority
-from ballast_asgi.types import Scope
+from ballast_asgi.core.errors import ContextMissingError
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import Scope
 
 if TYPE_CHECKING:
-    from ballast_asgi.limiter import Permit
+    from ballast_asgi.core.limiter import Permit
 
 SCOPE_KEY = "ballast"
 

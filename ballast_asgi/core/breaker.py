@@ -41,7 +41,7 @@ import enum
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from ballast_asgi.retry_budget import WindowCounts
+from ballast_asgi.core.retry_budget import WindowCounts
 
 if TYPE_CHECKING:
     from ballast_asgi.config import BreakerConfig

@@ -44,8 +44,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ballast_asgi.errors import HeaderError
-from ballast_asgi.priority import PRIORITY_HEADER, Priority, parse_priority
+from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
 
 if TYPE_CHECKING:
     from ballast_asgi.config import PriorityConfig, PriorityRule

@@ -6,7 +6,7 @@ for tests and for operators who want to move it by hand.
 
 from __future__ import annotations
 
-from ballast_asgi.limit.base import Sample
+from ballast_asgi.core.limit.base import Sample
 
 
 class FixedLimit:

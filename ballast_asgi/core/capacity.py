@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from ballast_asgi.priority import Priority
+from ballast_asgi.core.priority import Priority
 
 
 class ByteBudget:

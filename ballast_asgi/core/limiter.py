@@ -31,8 +31,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
-from ballast_asgi.limit.base import LimitAlgorithm, Sample
-from ballast_asgi.outcomes import Outcome
+from ballast_asgi.core.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.core.outcome import Outcome
 
 _LIVE: weakref.WeakSet[Limiter] = weakref.WeakSet()
 _SERIAL = itertools.count(1)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ballast_asgi.limit.aimd import AIMDLimit
-from ballast_asgi.limit.base import LimitAlgorithm, Sample
-from ballast_asgi.limit.fixed import FixedLimit
-from ballast_asgi.limit.gradient import GradientLimit
-from ballast_asgi.limit.gradient2 import Gradient2Limit
-from ballast_asgi.limit.vegas import VegasLimit
+from ballast_asgi.core.limit.aimd import AIMDLimit
+from ballast_asgi.core.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.core.limit.fixed import FixedLimit
+from ballast_asgi.core.limit.gradient import GradientLimit
+from ballast_asgi.core.limit.gradient2 import Gradient2Limit
+from ballast_asgi.core.limit.vegas import VegasLimit
 
 ALGORITHMS: dict[str, type[Any]] = {
     "gradient": GradientLimit,

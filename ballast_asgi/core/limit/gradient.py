@@ -81,7 +81,7 @@ from __future__ import annotations
 import math
 import random
 
-from ballast_asgi.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
 
 _MAX_WINDOW_SAMPLES = 10_000
 #: A stuck streak continues only while the ratio improves by less than this factor.

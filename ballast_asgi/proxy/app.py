@@ -36,13 +36,13 @@ from typing import Any
 import httpx
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.context import RequestContext, find_context
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.outcomes import Outcome
-from ballast_asgi.proxy_headers import Target, request_headers, response_headers
-from ballast_asgi.responses import send_json
-from ballast_asgi.transport import make_transport
-from ballast_asgi.types import Clock, RawHeaders, Receive, Scope, Send
+from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.responses import send_json
+from ballast_asgi.proxy.headers import Target, request_headers, response_headers
+from ballast_asgi.proxy.transport import make_transport
 
 #: httpx's ``timeout`` request extension.
 Timeouts = dict[str, Any]

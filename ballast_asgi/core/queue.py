@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast_asgi.limiter import Limiter, Permit
-from ballast_asgi.outcomes import Outcome, ShedReason
-from ballast_asgi.priority import ALL_PRIORITIES, Priority
+from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.priority import ALL_PRIORITIES, Priority
 
 _SEQ = itertools.count()
 

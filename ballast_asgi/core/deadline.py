@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ballast_asgi.errors import HeaderError
+from ballast_asgi.core.errors import HeaderError
 
 DEADLINE_HEADER = b"x-deadline-ms"
 #: The largest budget accepted: one day.

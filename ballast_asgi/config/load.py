@@ -1,0 +1,154 @@
+"""Loading the configuration: YAML file, then environment, then overrides.
+
+Every error becomes one ``ConfigError`` line naming the key path and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ballast_asgi.config.models import LIMITER_NAMES, GatewayConfig
+from ballast_asgi.core.errors import ConfigError
+
+
+def format_validation_error(err: ValidationError, source: str = "config") -> str:
+    """One line naming the first failing key path and what is allowed."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        value = e.get("input")
+        quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
+        got = "" if quiet else f" (got {value!r})"
+        allowed = _allowed_range(e["loc"])
+        parts.append(f"{loc}: {msg}{allowed}{got}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def _allowed_range(loc: tuple[int | str, ...]) -> str:
+    """`` [allowed: lo..hi]`` for a numeric field with bounds, else ``""``."""
+    model: Any = GatewayConfig
+    field = None
+    for key in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(key, str) or fields is None or key not in fields:
+            return ""
+        field = fields[key]
+        model = field.annotation
+    if field is None:
+        return ""
+    lo = hi = None
+    for meta in field.metadata:
+        lo = getattr(meta, "ge", None) if lo is None else lo
+        lo = getattr(meta, "gt", None) if lo is None else lo
+        hi = getattr(meta, "le", None) if hi is None else hi
+    if lo is None and hi is None:
+        return ""
+    return f" [allowed: {'' if lo is None else lo}..{'' if hi is None else hi}]"
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    node = data
+    *parents, leaf = path.split(".")
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[leaf] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a mapping (``gateway:`` nesting unwrapped)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"BALLAST_CONFIG: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    if set(data) == {"gateway"} and isinstance(data["gateway"], dict):
+        data = dict(data["gateway"])
+    return data
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.get("BALLAST_UPSTREAM"):
+        out["upstream"] = env["BALLAST_UPSTREAM"]
+    if env.get("BALLAST_LIMITER"):
+        name = env["BALLAST_LIMITER"].strip().lower()
+        if name not in LIMITER_NAMES:
+            raise ConfigError(
+                f"BALLAST_LIMITER: unknown limiter {env['BALLAST_LIMITER']!r}; "
+                f"allowed: {', '.join(LIMITER_NAMES)}"
+            )
+        out["limiter.algorithm"] = name
+    if env.get("BALLAST_FIXED_LIMIT"):
+        raw = env["BALLAST_FIXED_LIMIT"]
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(
+                f"BALLAST_FIXED_LIMIT: must be an integer in 1..100000 (got {raw!r})"
+            ) from None
+        if not 1 <= value <= 100_000:
+            raise ConfigError(f"BALLAST_FIXED_LIMIT: must be in 1..100000 (got {value})")
+        out["limiter.fixed_limit"] = value
+    return out
+
+
+def build_config(
+    data: Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    source: str = "config",
+    *,
+    require_upstream: bool = True,
+) -> GatewayConfig:
+    """Validate a mapping plus dotted-path overrides into a ``GatewayConfig``."""
+    merged: dict[str, Any] = _deep_copy(data)
+    for path, value in (overrides or {}).items():
+        _set_path(merged, path, value)
+    if require_upstream and not merged.get("upstream"):
+        raise ConfigError(
+            "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
+            "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"
+        )
+    try:
+        return GatewayConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def load_config(
+    env: Mapping[str, str] | None = None,
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """YAML (``path`` or ``BALLAST_CONFIG``), then environment, then ``overrides``."""
+    env = os.environ if env is None else env
+    path = path or env.get("BALLAST_CONFIG") or None
+    data = read_yaml(path) if path else {}
+    layered = _env_overrides(env)
+    layered.update(overrides or {})
+    return build_config(data, layered, source=str(path) if path else "config")

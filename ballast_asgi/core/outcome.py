@@ -1,4 +1,9 @@
-"""How a request ended, as seen by the limiter, and why a request was shed.
+"""How one upstream attempt ended, what that means to each policy, and why a request was shed.
+
+``AttemptOutcome`` is recorded exactly once per attempt, by whatever produced the
+response (the proxy, or the in-app stack around a handler). Pure functions map it
+to the limiter's signal (``Outcome``), the breaker's verdict and retryability, so
+no stage re-derives it from strings, statuses or exceptions.
 
 ``ShedReason`` values are the ``reason`` label of ``ballast_shed_total`` and the
 ``X-Ballast-Reason`` header: a closed set, so the metric's cardinality is bounded.
@@ -30,3 +35,80 @@ class ShedReason(enum.StrEnum):
     LIMIT = "limit"
     CAPACITY = "capacity"
     BREAKER_OPEN = "breaker_open"
+
+
+class AttemptOutcome(enum.Enum):
+    """How one attempt at the upstream (or the app's handler) ended."""
+
+    #: A response head arrived with a status that is not a failure.
+    SUCCESS = "success"
+    #: The upstream answered with a failure status (5xx by default).
+    STATUS_5XX = "status_5xx"
+    #: The upstream did not answer within the gateway's own upstream timeout.
+    TIMEOUT = "timeout"
+    #: The request's own deadline (``X-Deadline-Ms``) ran out: not the upstream's fault.
+    DEADLINE = "deadline"
+    #: The connection could not be made (refused, DNS, TLS, pool connect timeout).
+    CONNECT_ERROR = "connect_error"
+    #: Reset, truncated or malformed response after the connection was made.
+    PROTOCOL_ERROR = "protocol_error"
+    #: The client went away before the response completed.
+    CLIENT_GONE = "client_gone"
+    #: The gateway refused or failed on its own (bad target, bug): counts as nothing.
+    GATEWAY_ERROR = "gateway_error"
+
+
+class Verdict(enum.Enum):
+    """What an attempt tells the circuit breaker."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    NEUTRAL = "neutral"
+
+
+_LIMITER = {
+    AttemptOutcome.SUCCESS: Outcome.SUCCESS,
+    AttemptOutcome.STATUS_5XX: Outcome.DROPPED,
+    AttemptOutcome.TIMEOUT: Outcome.DROPPED,
+    AttemptOutcome.DEADLINE: Outcome.DROPPED,
+    AttemptOutcome.CONNECT_ERROR: Outcome.DROPPED,
+    AttemptOutcome.PROTOCOL_ERROR: Outcome.DROPPED,
+    AttemptOutcome.CLIENT_GONE: Outcome.IGNORED,
+    AttemptOutcome.GATEWAY_ERROR: Outcome.IGNORED,
+}
+
+_BREAKER = {
+    AttemptOutcome.SUCCESS: Verdict.SUCCESS,
+    AttemptOutcome.STATUS_5XX: Verdict.FAILURE,
+    AttemptOutcome.TIMEOUT: Verdict.FAILURE,
+    AttemptOutcome.DEADLINE: Verdict.NEUTRAL,
+    AttemptOutcome.CONNECT_ERROR: Verdict.FAILURE,
+    AttemptOutcome.PROTOCOL_ERROR: Verdict.FAILURE,
+    AttemptOutcome.CLIENT_GONE: Verdict.NEUTRAL,
+    AttemptOutcome.GATEWAY_ERROR: Verdict.NEUTRAL,
+}
+
+#: Outcomes a retry may replace (before the commit point, inside the deadline, from the budget).
+RETRYABLE = frozenset(
+    {
+        AttemptOutcome.STATUS_5XX,
+        AttemptOutcome.TIMEOUT,
+        AttemptOutcome.CONNECT_ERROR,
+        AttemptOutcome.PROTOCOL_ERROR,
+    }
+)
+
+
+def limiter_signal(outcome: AttemptOutcome) -> Outcome:
+    """What the limiter records for a permit whose (last) attempt ended so."""
+    return _LIMITER[outcome]
+
+
+def breaker_verdict(outcome: AttemptOutcome) -> Verdict:
+    """What the breaker counts for an attempt that ended so."""
+    return _BREAKER[outcome]
+
+
+def is_retryable(outcome: AttemptOutcome) -> bool:
+    """Whether a retry may replace an attempt that ended so."""
+    return outcome in RETRYABLE

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.redact import redact_url
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
@@ -118,7 +119,7 @@ class Gateway:
         doc["config"] = {
             "version": self.version,
             "loaded_at": self.loaded_at,
-            "upstream": self.config.upstream,
+            "upstream": redact_url(self.config.upstream or ""),
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from ballast_asgi.config.models import LIMITER_NAMES, GatewayConfig
 from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.redact import redact_url
 
 
 def format_validation_error(err: ValidationError, source: str = "config") -> str:
@@ -29,10 +30,15 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
             msg = "required key is missing"
         value = e.get("input")
         quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
-        got = "" if quiet else f" (got {value!r})"
+        got = "" if quiet else f" (got {_shown(value)!r})"
         allowed = _allowed_range(e["loc"])
         parts.append(f"{loc}: {msg}{allowed}{got}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _shown(value: object) -> object:
+    """An input as an error may show it: URLs with credentials redacted."""
+    return redact_url(value) if isinstance(value, str) else value
 
 
 def _allowed_range(loc: tuple[int | str, ...]) -> str:

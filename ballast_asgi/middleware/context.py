@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ballast_asgi.core.errors import ContextMissingError
-from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.outcome import AttemptOutcome, Outcome, ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Scope
 
@@ -49,6 +49,12 @@ class RequestContext:
     client_gone: bool = False
     #: Dry-run: the reasons this request would have been shed for.
     would_shed: list[ShedReason] = field(default_factory=list)
+    #: How the current attempt ended; set by the proxy (or app) before the response head.
+    attempt_outcome: AttemptOutcome | None = None
+    #: The current attempt's time to the response head (seconds); None without a head.
+    head_rtt_s: float | None = None
+    #: The upstreams earlier attempts of this request went to (the selector's ``exclude``).
+    tried_upstreams: tuple[object, ...] = ()
 
 
 def with_context(scope: Scope, ctx: RequestContext) -> Scope:

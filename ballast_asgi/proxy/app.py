@@ -36,13 +36,14 @@ from typing import Any
 import httpx
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.outcome import AttemptOutcome, Outcome, limiter_signal
 from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
-from ballast_asgi.proxy.headers import Target, request_headers, response_headers
+from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers, response_headers
 from ballast_asgi.proxy.transport import make_transport
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
 #: httpx's ``timeout`` request extension.
 Timeouts = dict[str, Any]
@@ -62,31 +63,51 @@ _ERROR_BODIES: dict[str, tuple[int, dict[str, object]]] = {
     "protocol": (502, {"error": "bad_gateway", "message": "upstream protocol error"}),
 }
 
+#: Error kind -> the attempt's outcome (kinds are ``ctx.upstream_error`` values).
+_OUTCOMES = {
+    "timeout": AttemptOutcome.TIMEOUT,
+    "deadline": AttemptOutcome.DEADLINE,
+    "connect": AttemptOutcome.CONNECT_ERROR,
+    "protocol": AttemptOutcome.PROTOCOL_ERROR,
+}
+_BAD_TARGET: dict[str, object] = {
+    "error": "bad_request",
+    "message": "the request target must be origin-form (/path?query); nothing was forwarded",
+}
+
 
 class _ClientGone(Exception):
     """The client disconnected while its request body was being read."""
 
 
 class ProxyApp:
-    """Forwards every HTTP request to ``upstream``; owns one shared httpx client."""
+    """Forwards every HTTP request to the upstream its selector chooses; one shared client.
+
+    ``upstream`` is a URL (or an ``Upstream``) for the default single-upstream
+    selector; ``selector`` replaces it (a pool, a canary split).
+    """
 
     def __init__(
         self,
-        upstream: str,
+        upstream: str | Upstream | None = None,
         *,
         config: ProxyConfig = ProxyConfig(),  # noqa: B008 - frozen value object
         transport: httpx.AsyncBaseTransport | None = None,
         metrics: Metrics | None = None,
         clock: Clock = time.monotonic,
+        selector: Selector | None = None,
     ) -> None:
-        self.upstream = httpx.URL(upstream)
-        if self.upstream.scheme not in ("http", "https") or not self.upstream.host:
-            raise ValueError(f"upstream must be an http(s):// URL, got {upstream!r}")
+        if selector is None:
+            if upstream is None:
+                raise ValueError("ProxyApp needs an upstream URL or a selector")
+            one = upstream if isinstance(upstream, Upstream) else Upstream.parse(upstream)
+            selector = SingleUpstream(one)
+        self.selector = selector
+        #: The first upstream (the only one with the default selector).
+        self.upstream = selector.upstreams()[0]
         self.config = config
         self.metrics = metrics
         self.clock = clock
-        self._target = Target(self.upstream)
-        self._host = self.upstream.netloc
         self._injected = transport
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
@@ -147,6 +168,9 @@ class ProxyApp:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = find_context(scope)
+        if not origin_form(scope):
+            await self._refuse_target(send, ctx)
+            return
         try:
             body = await self._read_body(scope, receive)
         except _ClientGone:
@@ -159,18 +183,22 @@ class ProxyApp:
             return
         timeout, deadline_ms = self._timeout_for(ctx)
         if timeout is None:
+            if ctx is not None:
+                ctx.attempt_outcome, ctx.head_rtt_s = AttemptOutcome.DEADLINE, None
             await self._failure(send, ctx, "deadline")
             return
         method: str = scope["method"]
+        upstream = self.selector.choose(ctx, ())
+        headers = request_headers(scope, deadline_ms)
         request = httpx.Request(
             method,
-            self._target.url(scope),
-            headers=_auto_headers(request_headers(scope, deadline_ms), self._host, method, body),
+            upstream.url(raw_target(scope)),
+            headers=_auto_headers(headers, upstream.netloc, method, body),
             stream=httpx.ByteStream(body),
             extensions={"timeout": timeout},
         )
         request.read()
-        await self._exchange(request, scope, receive, send, ctx)
+        await self._exchange(request, upstream, scope, receive, send, ctx)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole request body, or None when it is larger than the limit."""
@@ -219,6 +247,7 @@ class ProxyApp:
     async def _exchange(
         self,
         request: httpx.Request,
+        upstream: Upstream,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -233,14 +262,40 @@ class ProxyApp:
         try:
             response = await transport.handle_async_request(request)
         except httpx.TransportError as exc:
-            await self._failure(send, ctx, self._kind(exc, ctx))
+            kind = self._kind(exc, ctx)
+            self._record(ctx, upstream, _OUTCOMES[kind], None)
+            await self._failure(send, ctx, kind)
             return
+        rtt_s = self.clock() - started
         if self.metrics is not None:
-            self.metrics.upstream_latency.observe(self.clock() - started)
+            self.metrics.upstream_latency.observe(rtt_s)
+        status = response.status_code
+        self._record(ctx, upstream, _status_outcome(status), rtt_s)
         try:
             await self._respond(response, scope, receive, send, ctx)
         finally:
             await response.aclose()
+
+    def _record(
+        self,
+        ctx: RequestContext | None,
+        upstream: Upstream,
+        outcome: AttemptOutcome,
+        rtt_s: float | None,
+    ) -> None:
+        """Record the attempt's outcome once, before its response head (the proxy/retry seam)."""
+        if ctx is not None:
+            ctx.attempt_outcome = outcome
+            ctx.head_rtt_s = rtt_s
+            ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
+        self.selector.report(upstream, outcome, rtt_s, self.clock())
+
+    async def _refuse_target(self, send: Send, ctx: RequestContext | None) -> None:
+        """400 for a target that is not origin-form: the gateway's own refusal (counts nothing)."""
+        if ctx is not None:
+            ctx.attempt_outcome = AttemptOutcome.GATEWAY_ERROR
+            ctx.outcome = limiter_signal(AttemptOutcome.GATEWAY_ERROR)
+        await send_json(send, 400, _BAD_TARGET)
 
     async def _respond(
         self,
@@ -288,6 +343,11 @@ class ProxyApp:
             ctx.outcome = Outcome.DROPPED
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(kind).inc()
+
+
+def _status_outcome(status: int) -> AttemptOutcome:
+    """A response head's outcome: 5xx is a failure status, anything else a success."""
+    return AttemptOutcome.STATUS_5XX if status >= 500 else AttemptOutcome.SUCCESS
 
 
 async def _stream(

@@ -89,6 +89,27 @@ def map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportErro
     return httpx.RemoteProtocolError(message, request=request)
 
 
+def yarl_url(url: httpx.URL) -> URL:
+    """aiohttp's URL built from the parts of httpx's (never by re-parsing a string).
+
+    Scheme, host and port come from the parsed upstream; the path must be
+    origin-form, so no target can move the request to another host.
+    """
+    path = url.raw_path
+    if not path.startswith(b"/"):
+        raise ValueError("request target is not origin-form")  # the proxy refused it already
+    raw, _, query = path.decode("ascii").partition("?")
+    host = url.raw_host.decode("ascii")
+    return URL.build(
+        scheme=url.scheme,
+        host=f"[{host}]" if ":" in host else host,
+        port=url.port,
+        path=raw,
+        query_string=query,
+        encoded=True,
+    )
+
+
 def _timeout(extensions: Mapping[str, object]) -> aiohttp.ClientTimeout:
     """aiohttp's per-request timeout from httpx's ``timeout`` extension."""
     t = extensions.get("timeout")
@@ -175,7 +196,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             response = await session.request(
                 request.method,
-                URL(str(request.url), encoded=True),
+                yarl_url(request.url),
                 headers=[
                     (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
                 ],

@@ -89,6 +89,22 @@ def map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportErro
     return httpx.RemoteProtocolError(message, request=request)
 
 
+def _no_hidden_retry(session: aiohttp.ClientSession) -> None:
+    """Turn off aiohttp's silent second try of an idempotent request after a reset.
+
+    aiohttp (3.9+) resends GET/HEAD/OPTIONS/PUT/DELETE once on
+    ``ServerDisconnectedError``/``ClientOSError`` without telling anyone, so
+    one request with ``max_attempts: 3`` cost 6 upstream attempts (issue
+    11.7). Every attempt must be one the retry stage chose and counted. There
+    is no public switch; the private flag is checked here so that a rename
+    fails loudly (tests/e2e/test_proxy_attempts.py counts attempts at a
+    resetting upstream).
+    """
+    if not hasattr(session, "_retry_connection"):
+        raise RuntimeError("aiohttp changed: cannot disable its idempotent-request retry")
+    session._retry_connection = False
+
+
 def yarl_url(url: httpx.URL) -> URL:
     """aiohttp's URL built from the parts of httpx's (never by re-parsing a string).
 
@@ -186,6 +202,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             max_line_size=self.max_field_size,
             request_class=_REQUEST_CLASS,
         )
+        _no_hidden_retry(self._session)
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

@@ -32,6 +32,12 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) \
 	    >/dev/null 2>&1 || echo "warning: could not install docker-compose; its test will skip"; \
 	fi
+	@if ! command -v etcd >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing etcd-server (Debian) for the discovery tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) \
+	    >/dev/null 2>&1 || echo "warning: could not install etcd-server; discovery tests will fail"; \
+	fi
 
 pytest: $(STAMP) system-deps
 	$(PY) -m pytest -q

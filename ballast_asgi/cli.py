@@ -107,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("usage: ballast check-config FILE", file=sys.stderr)
             return 2
         return check_config(argv[1])
+    if argv[:1] in (["register"], ["controller"]):  # discovery (docs/discovery.md)
+        from ballast_asgi.discovery.cli import main as discovery_main
+
+        return discovery_main(argv)
     args = _parser().parse_args(argv)
     try:
         config = load_config(path=args.config, overrides=_overrides(args))

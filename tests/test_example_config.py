@@ -28,7 +28,7 @@ from ballast_asgi.core.priority import Priority
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = EXAMPLES / "ballast.example.yaml"
 #: Keys whose example value is deliberately not the default.
-ILLUSTRATIVE = {("upstream",), ("priority", "rules")}
+ILLUSTRATIVE = {("upstream",), ("priority", "rules"), ("discovery",)}
 
 Key = tuple[str, ...]
 

@@ -131,7 +131,7 @@ def build_config(
     merged: dict[str, Any] = _deep_copy(data)
     for path, value in (overrides or {}).items():
         _set_path(merged, path, value)
-    if require_upstream and not merged.get("upstream"):
+    if require_upstream and not merged.get("upstream") and not merged.get("discovery"):
         raise ConfigError(
             "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
             "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"

@@ -227,6 +227,64 @@ class AdminConfig(_Frozen):
     token: str | None = None
 
 
+class EtcdConfig(_Frozen):
+    """The etcd cluster discovery uses."""
+
+    #: Client URLs, ``http://HOST:PORT``; tried in turn when one fails.
+    endpoints: tuple[str, ...] = Field(min_length=1, max_length=16)
+    #: Deadline of each etcd call.
+    timeout_ms: int = Field(2_000, ge=50, le=60_000)
+    #: Key prefix under which the services live.
+    prefix: str = "/ballast"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from ballast_asgi.discovery.model import parse_endpoint
+
+        for url in v:
+            parse_endpoint(url)
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v.startswith("/") or v.endswith("/") or len(v) > 128:
+            raise ValueError("must start and not end with '/' (at most 128 characters)")
+        return v
+
+
+class DiscoveryConfig(_Frozen):
+    """Upstream instances registered in etcd (docs/discovery.md)."""
+
+    etcd: EtcdConfig
+    #: The service whose instances this gateway sends traffic to.
+    service: str
+    #: Run the leader-elected controller inside this gateway (docs/adr/0004).
+    controller: bool = True
+    #: Quiet time after a registration change before a version is written.
+    debounce_ms: int = Field(50, ge=0, le=10_000)
+    #: Longest a change waits under steady churn.
+    max_wait_ms: int = Field(500, ge=0, le=60_000)
+    #: How long an instance whose lease expired stays listed (a lost lease re-registers).
+    removal_grace_ms: int = Field(2_000, ge=0, le=600_000)
+    #: TTL of the controller election lease.
+    election_ttl_s: int = Field(3, ge=1, le=300)
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, v: str) -> str:
+        from ballast_asgi.discovery.model import check_service
+
+        return check_service(v)
+
+    @model_validator(mode="after")
+    def _wait(self) -> DiscoveryConfig:
+        if self.max_wait_ms < self.debounce_ms:
+            raise ValueError("discovery.max_wait_ms must be >= discovery.debounce_ms")
+        return self
+
+
 class GatewayConfig(_Frozen):
     """The whole stack."""
 
@@ -245,6 +303,8 @@ class GatewayConfig(_Frozen):
     capacity: CapacityConfig = CapacityConfig()
     shed: ShedConfig = ShedConfig()
     admin: AdminConfig = AdminConfig()
+    #: Follow instances registered in etcd instead of a fixed upstream (None: off).
+    discovery: DiscoveryConfig | None = None
 
     @field_validator("upstream")
     @classmethod

@@ -140,5 +140,7 @@ class VersionPlanner:
 
 
 def differs(current: tuple[Instance, ...] | None, desired: tuple[Instance, ...]) -> bool:
-    """Whether writing ``desired`` would change anything (no current version: always)."""
-    return current is None or tuple(sorted(current)) != desired
+    """Whether writing ``desired`` would change anything (version 1 needs an instance)."""
+    if current is None:
+        return bool(desired)
+    return tuple(sorted(current)) != desired

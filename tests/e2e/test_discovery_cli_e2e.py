@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ballast_asgi.discovery.etcd import Etcd
+from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
 from ballast_asgi.discovery.model import ConfigVersion, Keys
 from tests.e2e.etcd_server import EtcdServer, etcd_server
 from tests.e2e.support import stop_process
@@ -37,11 +37,18 @@ def _ballast(*args: str) -> subprocess.Popen[bytes]:
 
 
 def _read(etcd: EtcdServer, key: bytes) -> bytes | None:
+    """The key's value; a busy machine may time a connection out, so retry (bounded)."""
+
     async def get() -> bytes | None:
-        client = Etcd([etcd.url])
+        client = Etcd([etcd.url], timeout_s=5)
         try:
-            kv, _ = await client.get(key)
-            return kv.value if kv else None
+            for _ in range(5):
+                try:
+                    kv, _ = await client.get(key)
+                    return kv.value if kv else None
+                except EtcdUnavailable:
+                    continue
+            raise AssertionError("etcd did not answer 5 reads in a row")
         finally:
             await client.aclose()
 

@@ -7,7 +7,13 @@ else to the wrapped app. With ``app=None`` and ``prefix=""`` it is the
 standalone admin-port app (``/metrics`` and ``/snapshot`` at its root).
 
 ``POST reload`` is disabled (404) unless an admin token is configured, and then
-requires ``Authorization: Bearer <token>``.
+requires ``Authorization: Bearer <token>`` (the scheme is case-insensitive).
+With ``protect`` returning true, every path except ``health`` needs the token
+too (401 with ``WWW-Authenticate: Bearer`` otherwise).
+
+Paths are matched relative to ``scope["root_path"]``: under ``uvicorn
+--root-path /gw`` or a Starlette ``Mount("/sub", ...)`` the health check is
+``/gw/_ballast/health`` / ``/sub/_ballast/health``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ SnapshotFn = Callable[[], dict[str, Any]]
 #: Reload hook: returns (ok, message). Receives nothing; re-reads the config source.
 ReloadFn = Callable[[], Awaitable[tuple[bool, str]]]
 TokenFn = Callable[[], str | None]
+FlagFn = Callable[[], bool]
+#: Paths served without the token even when ``protect`` is on (load-balancer probes).
+_OPEN = frozenset({"/health"})
 
 
 class AdminRouter:
@@ -39,6 +48,8 @@ class AdminRouter:
         prefix: str = "/_ballast",
         reload: ReloadFn | None = None,
         token: TokenFn = lambda: None,
+        protect: FlagFn = lambda: False,
+        enabled: FlagFn = lambda: True,
     ) -> None:
         if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
             raise ValueError(f"admin prefix must start and not end with '/', got {prefix!r}")
@@ -47,6 +58,8 @@ class AdminRouter:
         self._snapshot = snapshot
         self._reload = reload
         self._token = token
+        self._protect = protect
+        self._enabled = enabled
         self._prefix = prefix
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             f"{prefix}/metrics": self._metrics,
@@ -57,11 +70,15 @@ class AdminRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path: str = scope["path"]
+            path = _relative(scope)
             if self._prefix == "" or path.startswith(self._prefix):
                 route = self._routes.get(path.rstrip("/") or path)
+                if route is not None and not self._enabled():
+                    await send_json(send, 404, {"error": "not_found", "path": path})
+                    return
                 if route is not None:
-                    await route(scope, receive, send)
+                    if await self._guard(scope, send, path):
+                        await route(scope, receive, send)
                     return
                 if self.app is None or path == self._prefix or path[len(self._prefix)] == "/":
                     await send_json(send, 404, {"error": "not_found", "path": path})
@@ -73,6 +90,20 @@ class AdminRouter:
             await send_json(send, 404, {"error": "not_found"})
             return
         await self.app(scope, receive, send)
+
+    async def _guard(self, scope: Scope, send: Send, path: str) -> bool:
+        """False (after a 401) when the token is required and missing or wrong."""
+        name = path.rstrip("/")[len(self._prefix) :]
+        if name in _OPEN or name == "/reload":
+            return True
+        token = self._token()
+        if not self._protect() or not token or _authorized(scope, token):
+            return True
+        challenge = [(b"www-authenticate", b"Bearer")]
+        await send_json(
+            send, 401, {"error": "unauthorized", "message": "admin token required"}, challenge
+        )
+        return False
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not await _allow(scope, send, ("GET", "HEAD")):
@@ -121,11 +152,23 @@ async def _allow(scope: Scope, send: Send, methods: tuple[str, ...]) -> bool:
     return False
 
 
+def _relative(scope: Scope) -> str:
+    """The path without the mount prefix (``root_path``) when it carries one."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :] or "/"
+    return path
+
+
 def _authorized(scope: Scope, token: str) -> bool:
-    expected = f"Bearer {token}".encode()
+    """``Authorization: Bearer <token>``; the scheme is case-insensitive (RFC 9110 11.1)."""
     for name, value in scope["headers"]:
         if name == b"authorization":
-            return hmac.compare_digest(value, expected)
+            scheme, _, given = value.strip().partition(b" ")
+            if scheme.lower() != b"bearer":
+                return False
+            return hmac.compare_digest(given.strip(), token.encode())
     return False
 
 

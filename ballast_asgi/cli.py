@@ -2,8 +2,15 @@
 
 ``ballast --upstream URL --limiter gradient --port 8080 --admin-port 8081``
 serves traffic on ``--port`` and ``/metrics`` + ``/snapshot`` at the root of
-``--admin-port``, in one process on one event loop. SIGINT/SIGTERM stop both
-servers cleanly; SIGHUP reloads the config file (handled by the gateway).
+``--admin-port``, in one process on one event loop. Both sockets are bound
+before anything starts (a port in use is one line and exit code 2), then the
+addresses are printed. SIGINT/SIGTERM stop both servers; SIGHUP reloads the
+config file (handled by the gateway).
+
+The servers run with the ``server`` config section (``ballast_asgi.serve``):
+uvicorn's proxy-headers rewrite off, no date/server headers of its own (the
+upstream's pass through), a request-head timeout and size cap, a keep-alive
+timeout and a connection cap.
 
 ``ballast check-config FILE`` validates a config file and exits non-zero on error.
 """
@@ -14,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -21,8 +29,11 @@ from typing import Any
 import uvicorn
 
 from ballast_asgi.config import LIMITER_NAMES, load_config
+from ballast_asgi.config.load import check_file
 from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.gateway import Gateway, build_gateway
+from ballast_asgi.serve import uvicorn_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ballast check-config",
+        description="Validate a ballast YAML config file without starting anything. "
+        "Exit code 0 when valid, 2 otherwise (the error names the key and the allowed values).",
+    )
+    p.add_argument("file", help="the YAML config file")
+    return p
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.upstream:
@@ -56,11 +77,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_config(path: str) -> int:
-    """Validate ``path``; print the result; 0 when valid, 2 otherwise."""
+    """Validate ``path`` as the gateway would load it; print the result; 0 or 2."""
     try:
-        load_config(env={"BALLAST_UPSTREAM": "http://placeholder.invalid"}, path=path)
+        check_file(path)
     except ConfigError as exc:
-        print(f"invalid: {exc}", file=sys.stderr)
+        print(f"invalid: {redact_userinfo(str(exc))}", file=sys.stderr)
         return 2
     print(f"ok: {path}")
     return 0
@@ -74,18 +95,58 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve_gateway(gateway: Gateway, host: str, port: int, admin_port: int, **kw: Any) -> None:
-    """Serve the gateway (and its admin app) until SIGINT/SIGTERM."""
-    servers = [_Server(uvicorn.Config(gateway, host=host, port=port, lifespan="on", **kw))]
-    if admin_port:
-        admin = uvicorn.Config(
-            gateway.admin_app(), host=host, port=admin_port, lifespan="off", **kw
-        )
-        servers.append(_Server(admin))
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket, or ``ConfigError`` naming the address and the reason."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({what}): {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port} ({what}): {reason.lower()}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket, scheme: str = "http") -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def banner(gateway: Gateway, traffic: socket.socket, admin: socket.socket | None) -> str:
+    """The start-up line: where traffic and admin are served, and what is proxied."""
+    cfg = gateway.config
+    line = (
+        f"ballast: serving {_url(traffic)} -> {redact_userinfo(cfg.upstream or '')} "
+        f"(limiter {cfg.limiter.algorithm})"
+    )
+    if admin is not None:
+        line += f"; admin {_url(admin)}/ (metrics, snapshot, health)"
+    if cfg.admin.on_traffic_port:
+        line += f"; {_url(traffic)}/_ballast/health"
+    return line
+
+
+async def serve_gateway(
+    gateway: Gateway, traffic: socket.socket, admin: socket.socket | None, **kw: Any
+) -> None:
+    """Serve the gateway (and its admin app) on bound sockets until SIGINT/SIGTERM."""
+    gateway.server_may_rewrite = False
+    settings = {**uvicorn_settings(gateway.config.server), **kw}
+    pairs = [(_Server(uvicorn.Config(gateway, lifespan="on", **settings)), traffic)]
+    if admin is not None:
+        config = uvicorn.Config(gateway.admin_app(), lifespan="off", **settings)
+        pairs.append((_Server(config), admin))
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
-        for s in servers:
+        for s, _ in pairs:
             s.force_exit = s.should_exit
             s.should_exit = True
 
@@ -93,43 +154,47 @@ async def serve_gateway(gateway: Gateway, host: str, port: int, admin_port: int,
         loop.add_signal_handler(sig, stop)
     # SIGHUP (config reload) is registered by the gateway itself at lifespan start-up.
     try:
-        await asyncio.gather(*(s.serve() for s in servers))
+        await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in pairs))
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+
+
+def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.socket | None]:
+    config = load_config(path=args.config, overrides=_overrides(args))
+    gateway = build_gateway(config, config_path=args.config)
+    traffic = bind(args.host, args.port, "traffic port")
+    try:
+        admin = bind(args.host, args.admin_port, "admin port") if args.admin_port else None
+    except ConfigError:
+        traffic.close()
+        raise
+    return gateway, traffic, admin
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ballast`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check-config"]:
-        if len(argv) != 2:
-            print("usage: ballast check-config FILE", file=sys.stderr)
-            return 2
-        return check_config(argv[1])
+        return check_config(_check_parser().parse_args(argv[1:]).file)
     if argv[:1] in (["register"], ["controller"]):  # discovery (docs/discovery.md)
         from ballast_asgi.discovery.cli import main as discovery_main
 
         return discovery_main(argv)
     args = _parser().parse_args(argv)
     try:
-        config = load_config(path=args.config, overrides=_overrides(args))
-        gateway = build_gateway(config, config_path=args.config)
+        gateway, traffic, admin = _start(args)
     except ConfigError as exc:
-        print(f"ballast: {exc}", file=sys.stderr)
+        print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
         return 2
-    kw = {
-        "log_level": args.log_level,
-        "access_log": args.access_log,
-        "server_header": False,
-        "date_header": False,
-    }
+    print(banner(gateway, traffic, admin), file=sys.stderr, flush=True)
+    kw = {"log_level": args.log_level, "access_log": args.access_log}
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        asyncio.run(serve_gateway(gateway, args.host, args.port, args.admin_port, **kw))
+        asyncio.run(serve_gateway(gateway, traffic, admin, **kw))
     else:
-        uvloop.run(serve_gateway(gateway, args.host, args.port, args.admin_port, **kw))
+        uvloop.run(serve_gateway(gateway, traffic, admin, **kw))
     return 0
 
 

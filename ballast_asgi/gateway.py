@@ -9,6 +9,16 @@ queue, breaker, retry budget, proxy) and the stages around them::
 (``BALLAST_UPSTREAM``, ``BALLAST_LIMITER``, ``BALLAST_FIXED_LIMIT``,
 ``BALLAST_CONFIG``), so a bad setting stops ``uvicorn`` at start-up with one
 line naming it, instead of failing at the first request.
+
+Forwarded headers: ``scope["client"]`` stays the direct TCP peer (what
+``priority.trusted_networks`` is checked against and what the proxy appends to
+``X-Forwarded-For``); ``proxy.trusted_proxies`` decides whose
+``X-Forwarded-For``/``-Proto`` are believed (``ballast_asgi.core.forwarded``).
+When uvicorn imports ``app`` it is adopted (``adopt_uvicorn``): its own
+proxy-headers rewrite, its ``date``/``server`` headers are turned off and the
+guarded protocol (``ballast_asgi.serve``) is installed. A scope whose client
+was nevertheless rewritten from ``X-Forwarded-For`` (uvicorn run some other
+way) gets ``client = None``: never trusted, one warning.
 """
 
 from __future__ import annotations
@@ -28,11 +38,19 @@ from prometheus_client import CollectorRegistry
 
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, load_config
+from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.core.errors import ConfigError
-from ballast_asgi.core.redact import redact_url
+from ballast_asgi.core.forwarded import (
+    CLIENT_IP_KEY,
+    ForwardedTrust,
+    forwarded_entries,
+    rewritten_by_server,
+)
+from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.serve import adopt_uvicorn
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
 
 
@@ -68,6 +86,10 @@ class Gateway:
         self.version = 1
         self.loaded_at = time.time()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.forwarded = ForwardedTrust(config.proxy.trusted_proxies)
+        #: Whether the server may have rewritten ``scope["client"]`` (unknown: assume so).
+        self.server_may_rewrite = True
+        self._warned_rewrite = False
         self._app = self._compose(config)
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
@@ -76,14 +98,45 @@ class Gateway:
             stack,
             exposition=self.metrics.exposition,
             snapshot=self.snapshot,
-            reload=self.reload,
+            reload=self.reload_logged,
             token=lambda: self.config.admin.token,
+            protect=lambda: self.config.admin.token_required,
+            enabled=lambda: self.config.admin.on_traffic_port,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
+        kind = scope["type"]
+        if kind == "http" or kind == "websocket":
+            scope = self._peer(scope)
+        elif kind == "lifespan":
             self._handle_sighup()
         await self._app(scope, receive, send)
+
+    def _peer(self, scope: Scope) -> Scope:
+        """Keep ``client`` the direct peer; add the originating client for trusted proxies."""
+        entries = forwarded_entries(scope["headers"])
+        client = scope.get("client")
+        if entries and self.server_may_rewrite and rewritten_by_server(client, entries):
+            self._warn_rewrite()
+            return {**scope, "client": None}
+        peer = client[0] if client else None
+        if not self.forwarded.is_trusted(peer):
+            return scope
+        out = {**scope, CLIENT_IP_KEY: self.forwarded.client_ip(peer, entries)}
+        scheme = self.forwarded.scheme(peer, scope["headers"])
+        if scheme is not None:
+            out["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+        return out
+
+    def _warn_rewrite(self) -> None:
+        if not self._warned_rewrite:
+            self._warned_rewrite = True
+            print(
+                "ballast: the server rewrote the client address from X-Forwarded-For; "
+                "the direct peer is unknown and trusted for nothing. Run uvicorn with "
+                "--no-proxy-headers and set proxy.trusted_proxies instead",
+                file=sys.stderr,
+            )
 
     def _handle_sighup(self) -> None:
         """Reload the config on SIGHUP (under uvicorn or the CLI, in the main thread)."""
@@ -99,8 +152,13 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
     async def _reload_and_log(self) -> None:
+        await self.reload_logged()
+
+    async def reload_logged(self) -> tuple[bool, str]:
+        """``reload`` plus one log line (SIGHUP and ``POST /_ballast/reload`` alike)."""
         ok, message = await self.reload()
         print(f"ballast: reload {'applied' if ok else 'rejected'}: {message}", file=sys.stderr)
+        return ok, message
 
     def admin_app(self) -> AdminRouter:
         """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""
@@ -109,9 +167,15 @@ class Gateway:
             exposition=self.metrics.exposition,
             snapshot=self.snapshot,
             prefix="",
-            reload=self.reload,
+            reload=self.reload_logged,
             token=lambda: self.config.admin.token,
+            protect=lambda: self.config.admin.token_required,
         )
+
+    @property
+    def server_config(self) -> ServerConfig:
+        """The ``server`` section (settings of the HTTP server in front of the gateway)."""
+        return self.config.server
 
     def snapshot(self) -> dict[str, Any]:
         """The live state of every stage as one JSON-safe document."""
@@ -134,7 +198,7 @@ class Gateway:
                 raise ConfigError("upstream and proxy.* changes need a restart; nothing applied")
         except ConfigError as exc:
             self.metrics.config_reloads.labels("error").inc()
-            return False, str(exc)
+            return False, redact_userinfo(str(exc))
         reconfigure_parts(self.parts, self.config, new, self.clock())
         self.config = new
         self._app = self._compose(new)
@@ -166,6 +230,9 @@ def __getattr__(name: str) -> Any:
         try:
             _app = from_env()
         except ConfigError as exc:
-            print(f"ballast: {exc}", file=sys.stderr)
+            print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
             raise SystemExit(2) from None
+    # Every access: uvicorn's CLI imports the app once before Config.load() and
+    # again inside it (after computing its default headers and protocol class).
+    adopt_uvicorn(_app, sys._getframe(1))
     return _app

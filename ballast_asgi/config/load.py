@@ -15,7 +15,30 @@ from pydantic import ValidationError
 
 from ballast_asgi.config.models import LIMITER_NAMES, GatewayConfig
 from ballast_asgi.core.errors import ConfigError
-from ballast_asgi.core.redact import redact_url
+from ballast_asgi.core.redact import redact_userinfo
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                first = seen[key]
+                raise ConfigError(
+                    f"{_where(key_node.start_mark)}: duplicate key {key!r} "
+                    f"(first given at line {first.line + 1})"
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _where(mark: yaml.Mark | None) -> str:
+    if mark is None:
+        return "?"
+    return f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}"
 
 
 def format_validation_error(err: ValidationError, source: str = "config") -> str:
@@ -30,15 +53,10 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
             msg = "required key is missing"
         value = e.get("input")
         quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
-        got = "" if quiet else f" (got {_shown(value)!r})"
+        got = "" if quiet or "got " in msg else f" (got {redact_userinfo(repr(value))})"
         allowed = _allowed_range(e["loc"])
         parts.append(f"{loc}: {msg}{allowed}{got}")
     return f"{source}: " + "; ".join(parts)
-
-
-def _shown(value: object) -> object:
-    """An input as an error may show it: URLs with credentials redacted."""
-    return redact_url(value) if isinstance(value, str) else value
 
 
 def _allowed_range(loc: tuple[int | str, ...]) -> str:
@@ -82,16 +100,38 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"BALLAST_CONFIG: cannot read {path}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_named_loader(str(path)))
+    except yaml.MarkedYAMLError as exc:
+        problem = exc.problem or exc.context or "syntax error"
+        raise ConfigError(f"{_where(exc.problem_mark)}: not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:
-        return {}
+        raise ConfigError(f"{path}: the file is empty (it needs at least the upstream key)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     if set(data) == {"gateway"} and isinstance(data["gateway"], dict):
         data = dict(data["gateway"])
     return data
+
+
+def _named_loader(name: str) -> type[_StrictLoader]:
+    """A strict loader whose marks carry the file name."""
+
+    class _Named(_StrictLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.name = name
+
+    return _Named
+
+
+def check_file(path: str | Path) -> GatewayConfig:
+    """Validate a config file on its own (no environment), as ``ballast check-config`` does.
+
+    The upstream may be left to ``BALLAST_UPSTREAM``; when the file names one it is checked.
+    """
+    return build_config(read_yaml(path), source=str(path), require_upstream=False)
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

@@ -29,6 +29,18 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _check_cidrs(v: tuple[str, ...]) -> tuple[str, ...]:
+    for cidr in v:
+        try:
+            ipaddress.ip_network(cidr.strip(), strict=False)
+        except ValueError:
+            raise ValueError(
+                f"invalid CIDR {cidr!r}; expected an IPv4 or IPv6 network such as "
+                "10.0.0.0/8 or fd00::/8"
+            ) from None
+    return v
+
+
 class ProxyConfig(_Frozen):
     """The terminal proxy."""
 
@@ -40,6 +52,14 @@ class ProxyConfig(_Frozen):
     #: Which httpx transport the proxy uses by default.
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     max_connections: int = Field(1_000, ge=1, le=100_000)
+    #: Direct peers whose X-Forwarded-For / X-Forwarded-Proto are believed (CIDRs).
+    #: Empty (the default): forwarded headers are passed on but believed for nothing.
+    trusted_proxies: tuple[str, ...] = ()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_cidrs(v)
 
 
 class AdmissionConfig(_Frozen):
@@ -99,15 +119,7 @@ class PriorityConfig(_Frozen):
     @field_validator("trusted_networks")
     @classmethod
     def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr.strip(), strict=False)
-            except ValueError:
-                raise ValueError(
-                    f"invalid CIDR {cidr!r}; expected an IPv4 or IPv6 network such as "
-                    "10.0.0.0/8 or fd00::/8"
-                ) from None
-        return v
+        return _check_cidrs(v)
 
 
 class AdmissionQueueConfig(_Frozen):
@@ -166,6 +178,14 @@ class BreakerConfig(_Frozen):
     probe_timeout_ms: int = Field(2_000, ge=1, le=600_000)
     failure_statuses: tuple[int, ...] = (500, 502, 503, 504)
 
+    @field_validator("failure_statuses")
+    @classmethod
+    def _statuses(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in v if not 400 <= s <= 599]
+        if bad:
+            raise ValueError(f"failure statuses must be 4xx or 5xx (400..599), got {bad}")
+        return v
+
     @model_validator(mode="after")
     def _bounds(self) -> BreakerConfig:
         if self.open_ms > self.max_open_ms:
@@ -221,10 +241,33 @@ class ShedConfig(_Frozen):
 
 
 class AdminConfig(_Frozen):
-    """Admin endpoints."""
+    """Admin endpoints (see docs/security.md)."""
 
     #: Enables POST /_ballast/reload; required as a bearer token.
     token: str | None = None
+    #: Serve /_ballast/* on the traffic port too (false: only on the admin port).
+    on_traffic_port: bool = True
+    #: Require the bearer token on every admin endpoint except health.
+    token_required: bool = False
+
+    @model_validator(mode="after")
+    def _token(self) -> AdminConfig:
+        if self.token_required and not self.token:
+            raise ValueError("admin.token_required needs admin.token")
+        return self
+
+
+class ServerConfig(_Frozen):
+    """The HTTP server under the ``ballast`` CLI (uvicorn; see docs/security.md)."""
+
+    #: Close a connection idle this long between requests.
+    keep_alive_ms: int = Field(5_000, ge=100, le=600_000)
+    #: Close a connection whose request head is not complete this long after it began.
+    header_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    #: Request-head bytes (request line and headers) allowed before 431.
+    max_header_bytes: int = Field(65_536, ge=1_024, le=16 * 1024 * 1024)
+    #: Open connections (and running requests) above which uvicorn answers 503.
+    max_connections: int = Field(10_000, ge=1, le=1_000_000)
 
 
 class EtcdConfig(_Frozen):
@@ -305,6 +348,7 @@ class GatewayConfig(_Frozen):
     admin: AdminConfig = AdminConfig()
     #: Follow instances registered in etcd instead of a fixed upstream (None: off).
     discovery: DiscoveryConfig | None = None
+    server: ServerConfig = ServerConfig()
 
     @field_validator("upstream")
     @classmethod

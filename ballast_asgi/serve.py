@@ -1,0 +1,188 @@
+"""Server-side guards uvicorn lacks: a request-head timeout and a request-head size cap.
+
+uvicorn (httptools) closes idle keep-alive connections after
+``--timeout-keep-alive`` but has no limit on how long a request head may take
+to arrive (a connection that sends nothing, or one header byte a second, is
+kept forever) and none on how large the head may grow (httptools buffers a
+64 MB header value; h11 stops at ``h11_max_incomplete_event_size``, 16 KiB by
+default). ``guarded_protocol(server_config)`` returns an ``HttpToolsProtocol``
+subclass that adds both:
+
+* ``header_timeout_ms``: from the connection's start, or the first byte of a
+  request, to the end of its head. Exceeded: ``408`` (when some bytes came)
+  and the connection is closed. Between requests uvicorn's keep-alive timeout
+  applies.
+* ``max_header_bytes``: bytes received while a head is incomplete (request
+  line and headers, counted per read). Exceeded: ``431`` and close, before the
+  app sees the request. The stack's own 431 (header count and bytes, see
+  docs/security.md) still applies to what gets through.
+
+The ``ballast`` CLI always uses it; ``uvicorn ballast_asgi.gateway:app`` gets
+it too (``ballast_asgi.gateway`` adopts uvicorn's config when it is imported
+by uvicorn), and a hand-written server can pass
+``--http ballast_asgi.serve:GuardedHttpToolsProtocol`` (defaults).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from types import FrameType
+from typing import Any, Protocol
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ballast_asgi.config.models import ServerConfig
+
+__all__ = ["GuardedHttpToolsProtocol", "adopt_uvicorn", "guarded_protocol", "uvicorn_settings"]
+
+#: uvicorn's own defaults, which ``adopt_uvicorn`` may replace (explicit flags are kept).
+_UVICORN_KEEP_ALIVE_S = 5
+
+
+class _Adoptable(Protocol):
+    server_may_rewrite: bool
+
+    @property
+    def server_config(self) -> ServerConfig: ...
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """httptools protocol with a head timeout (408) and a head size cap (431)."""
+
+    header_timeout_s: float = ServerConfig().header_timeout_ms / 1000.0
+    max_header_bytes: int = ServerConfig().max_header_bytes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._began = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.max_header_bytes:
+            self._refuse(431)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = self._began = True
+        if self._head_timer is None:
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = self._began = False
+        self._head_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
+        self._head_bytes = 0
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._head_bytes or self._began:
+            self._refuse(408)
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, status: int) -> None:
+        """Answer ``status`` with an empty body and close (nothing reached the app)."""
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        self.logger.warning("request head refused with %d (%d bytes)", status, self._head_bytes)
+        self.transport.write(
+            STATUS_LINE[status] + b"content-length: 0\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.close()
+
+
+def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
+    """A ``GuardedHttpToolsProtocol`` with the limits of ``server``."""
+    attrs = {
+        "header_timeout_s": server.header_timeout_ms / 1000.0,
+        "max_header_bytes": server.max_header_bytes,
+    }
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)
+
+
+def uvicorn_settings(server: ServerConfig) -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these)."""
+    return {
+        "http": guarded_protocol(server),
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": False,
+        "timeout_keep_alive": server.keep_alive_ms / 1000.0,
+        "limit_concurrency": server.max_connections,
+    }
+
+
+def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
+    """Apply the gateway's server settings to the uvicorn ``Config`` importing it.
+
+    ``uvicorn ballast_asgi.gateway:app`` loads the app through ``Config.load``,
+    which wraps it in uvicorn's proxy-headers middleware afterwards and sends
+    its own ``date``/``server`` next to the upstream's. Found on the call
+    stack, that config gets: proxy headers off (the gateway decides, see
+    ``proxy.trusted_proxies``), no date/server headers of its own, the guarded
+    httptools protocol, and the keep-alive and connection cap of the
+    ``server`` section where uvicorn's flags were left at their defaults.
+    Returns whether a uvicorn config was found.
+    """
+    config = _find_uvicorn_config(frame)
+    if config is None:
+        return False
+    server = gateway.server_config
+    if config.proxy_headers:
+        config.proxy_headers = False
+        print(
+            "ballast: uvicorn's proxy-headers rewrite is off for this app; forwarded headers "
+            "are believed only from proxy.trusted_proxies",
+            file=sys.stderr,
+        )
+    gateway.server_may_rewrite = False
+    config.date_header = False
+    config.encoded_headers = [h for h in config.encoded_headers if h[0] != b"server"]
+    if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
+        config.http_protocol_class = guarded_protocol(server)
+    if config.timeout_keep_alive == _UVICORN_KEEP_ALIVE_S:
+        config.timeout_keep_alive = server.keep_alive_ms / 1000.0
+    if config.limit_concurrency is None:
+        config.limit_concurrency = server.max_connections
+    return True
+
+
+def _find_uvicorn_config(frame: FrameType | None, depth: int = 8) -> Any:
+    """The ``uvicorn.config.Config`` whose ``load()`` is on the stack, if any."""
+    from uvicorn.config import Config
+
+    while frame is not None and depth > 0:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Config) and not candidate.loaded:
+            return candidate
+        frame, depth = frame.f_back, depth - 1
+    return None

@@ -183,7 +183,7 @@ class Gateway:
         doc["config"] = {
             "version": self.version,
             "loaded_at": self.loaded_at,
-            "upstream": redact_url(self.config.upstream or ""),
+            "upstream": redact_userinfo(self.config.upstream or ""),
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }

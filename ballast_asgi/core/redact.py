@@ -25,7 +25,6 @@ def redact_url(url: str) -> str:
     return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[authority_end:]}"
 
 
-
 def redact_userinfo(text: str) -> str:
     """``text`` with the userinfo of every URL in it replaced by ``***``."""
     return _USERINFO.sub(r"\1***@", text) if "@" in text else text

@@ -48,6 +48,7 @@ from ballast_asgi.core.forwarded import (
 )
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.serve import adopt_uvicorn
@@ -69,18 +70,20 @@ class Gateway:
         env: Mapping[str, str] | None = None,
         overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        if config.upstream is None:
+        if config.upstream is None and config.discovery is None:
             raise ConfigError("BALLAST_UPSTREAM: not set; the gateway needs an upstream URL")
         self.config = config
         self.clock = clock
         self.metrics = Metrics(registry)
         self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=rng)
+        self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
         self.proxy = ProxyApp(
             config.upstream,
             config=config.proxy,
             transport=transport,
             metrics=self.metrics,
             clock=clock,
+            selector=self.discovery.selector if self.discovery else None,
         )
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
@@ -94,6 +97,8 @@ class Gateway:
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
         stack = build_stack(self.proxy, self.parts, config, retries=True)
+        if self.discovery is not None:  # lifespan starts it; 503 until a first version
+            stack = self.discovery.wrap(stack)
         return AdminRouter(
             stack,
             exposition=self.metrics.exposition,
@@ -187,6 +192,9 @@ class Gateway:
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }
+        if self.discovery is not None:  # the applied config version (docs/discovery.md)
+            doc["config_version"] = self.discovery.config_version
+            doc["discovery"] = self.discovery.snapshot()
         return doc
 
     async def reload(self) -> tuple[bool, str]:
@@ -196,6 +204,8 @@ class Gateway:
             new = load_config(env=env, path=path, overrides=overrides)
             if new.upstream != self.config.upstream or new.proxy != self.config.proxy:
                 raise ConfigError("upstream and proxy.* changes need a restart; nothing applied")
+            if new.discovery != self.config.discovery:
+                raise ConfigError("discovery.* changes need a restart; nothing applied")
         except ConfigError as exc:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))

@@ -14,6 +14,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import uvloop
 
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-expired", action="store_true", help="skip requests past deadline")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
+    p.add_argument("--register-etcd", metavar="URL", help="register in etcd (docs/discovery.md)")
+    p.add_argument("--service", help="service name to register under (with --register-etcd)")
+    p.add_argument("--version", default="", help="release label to register (with --register-etcd)")
+    p.add_argument("--ttl", type=int, default=5, help="registration lease TTL s (default 5)")
     return p
 
 
@@ -79,15 +84,36 @@ async def _serve(args: argparse.Namespace, profile: Profile) -> None:
         file=sys.stderr,
         flush=True,
     )
+    registration = _registration(args, running.url)
     try:
         await stop.wait()
     finally:
+        if registration is not None:  # deregister first: no new traffic, then stop serving
+            await registration(stop)
         await running.stop()
+
+
+def _registration(args: argparse.Namespace, url: str) -> Any:
+    """Start registering ``url`` in etcd; returns the coroutine function that deregisters."""
+    if not args.register_etcd:
+        return None
+    from ballast_asgi.discovery.simulator import register_in_background
+
+    return register_in_background(
+        args.register_etcd, args.service, url, version=args.version, ttl_s=args.ttl
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.register_etcd:
+        from ballast_asgi.discovery.simulator import check_args
+
+        problem = check_args(args.register_etcd, args.service, args.version, args.ttl)
+        if problem:
+            parser.error(problem)
     try:
         profile = _profile(args)
     except ValueError as exc:

@@ -86,6 +86,10 @@ class Metrics:
         self.upstream_errors = Counter(
             "ballast_upstream_errors", "Upstream failures by kind.", ["kind"], registry=r
         )
+        self.client_send_timeouts = Counter(
+            "ballast_client_send_timeouts", "Responses aborted: the client stopped reading.",
+            registry=r,
+        )  # fmt: skip
         self.queue_wait = Histogram(
             "ballast_queue_wait_seconds", "Time spent waiting in the queue.", ["priority"],
             buckets=LATENCY_BUCKETS, registry=r,

@@ -55,6 +55,15 @@ class ProxyConfig(_Frozen):
     #: Direct peers whose X-Forwarded-For / X-Forwarded-Proto are believed (CIDRs).
     #: Empty (the default): forwarded headers are passed on but believed for nothing.
     trusted_proxies: tuple[str, ...] = ()
+    #: Idle pooled upstream connections are closed after this long, before the
+    #: upstream's own keep-alive timeout can race a request (gunicorn 2 s, uvicorn 5 s).
+    pool_idle_timeout_ms: int = Field(1_500, ge=1, le=3_600_000)
+    #: Request bodies with a Content-Length up to this are read before the upstream
+    #: call; larger and chunked ones stream upstream as they arrive.
+    request_buffer_bytes: int = Field(64 * 1024, ge=0, le=2**34)
+    #: A client that takes no response data for this long is disconnected (counted
+    #: in ballast_client_send_timeouts_total).
+    send_timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
 
     @field_validator("trusted_proxies")
     @classmethod

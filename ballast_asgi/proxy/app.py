@@ -1,37 +1,43 @@
-"""The terminal reverse proxy: a raw ASGI app that forwards to one upstream over httpx.
+"""The terminal reverse proxy: a raw ASGI app that forwards to the chosen upstream over httpx.
 
-Forwarding rules (the proxy contract, tested in tests/test_proxy.py):
+Forwarding rules (the proxy contract, tested in tests/test_proxy*.py;
+docs/proxying.md says it for users):
 
+* Only origin-form targets (``/path?query``) are proxied; anything else gets
+  400 and nothing is forwarded. The upstream URL is built from the parsed
+  upstream's parts and the target (``upstream.py``), never by gluing strings.
 * method, path, raw query string and body are forwarded byte for byte. The
-  path is taken relative to ``scope["root_path"]`` (when the app is mounted at
-  ``/api``, ``/api/users`` goes upstream as ``<upstream base path>/users``),
-  from ``raw_path`` so that ``%2F`` and friends survive; non-ASCII bytes are
-  percent-encoded (an HTTP request target is ASCII).
-* hop-by-hop headers are removed both ways: ``Connection`` and every header it
-  names, ``Keep-Alive``, ``TE``, ``Trailer``, ``Transfer-Encoding``,
-  ``Upgrade``, ``Proxy-*``. ``Host`` becomes the upstream's; the client's goes
-  in ``X-Forwarded-Host``. ``X-Forwarded-For`` gets the client address
-  appended; ``X-Forwarded-Proto`` is the scope's scheme.
-* The request body is read in full before the upstream call (counted against
-  ``max_body_bytes``: 413 without an upstream call, checked on
-  ``Content-Length`` first), so a chunked request goes upstream with a
-  ``Content-Length``, like nginx's request buffering.
-* The response (status, headers incl. repeated ``Set-Cookie``, raw body) is
-  streamed back unchanged; HEAD, 204 and 304 carry no body.
+  path is taken relative to ``scope["root_path"]``, from ``raw_path`` so that
+  ``%2F`` and friends survive; non-printable bytes are percent-encoded.
+* Header rules (``headers.py``): hop-by-hop headers and ``Expect`` are
+  removed both ways; ``Host`` becomes the upstream's; ``X-Forwarded-*`` are
+  set; nothing else is added (no ``Content-Type``, no ``Content-Length: 0``).
+* Bodies (``body.py``): a request body with a Content-Length up to
+  ``request_buffer_bytes`` is read first; a larger or chunked one streams
+  upstream. A declared Content-Length above ``max_body_bytes`` gets 413 at
+  once; a streamed body that passes it, 413 (or an abort once a head was sent).
+  The response streams back with backpressure; a client that takes no data
+  for ``send_timeout_ms`` and an upstream failure mid-body abort the client
+  connection (raise), never a complete-looking response.
+* The attempt's ``AttemptOutcome`` and its time to the response head are
+  recorded on the context before the head is sent, and reported to the
+  selector.
 * Deadline: with a ``RequestContext`` deadline, ``X-Deadline-Ms`` carries the
-  remaining milliseconds and every upstream timeout is the remaining time
-  (504 at once when nothing remains; except a request dry-run admitted,
-  ``ctx.would_shed``, which goes upstream with ``X-Deadline-Ms: 0`` and
-  ``timeout_ms``); otherwise ``timeout_ms``.
-* Failures are translated in one place, ``_failure``: timeouts -> 504,
-  connect and protocol errors -> 502, small JSON bodies, no stack traces.
+  remaining milliseconds, the wait for the response head and (aiohttp) the
+  whole exchange are bounded by it (504 at once when nothing remains; except
+  a request dry-run admitted, ``ctx.would_shed``, which goes upstream with
+  ``X-Deadline-Ms: 0`` and ``timeout_ms``); otherwise ``timeout_ms`` bounds the
+  wait for the head and each read.
+* Failures are translated in one place (``failures.py``): timeouts -> 504,
+  connect and protocol errors -> 502.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import httpx
 
@@ -41,43 +47,41 @@ from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
-from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers, response_headers
+from ballast_asgi.proxy.body import (
+    BodyTooLarge,
+    ClientGone,
+    ClientSendTimeout,
+    RequestBodyStream,
+    UpstreamBodyError,
+    declared_body,
+    disconnected,
+    read_body,
+    relay,
+)
+from ballast_asgi.proxy.failures import (
+    BAD_TARGET,
+    ERROR_BODIES,
+    OUTCOMES,
+    kind_of,
+    status_outcome,
+    too_large,
+)
+from ballast_asgi.proxy.headers import (
+    DEADLINE,
+    origin_form,
+    raw_target,
+    request_headers,
+    response_headers,
+)
+from ballast_asgi.proxy.server import drop_request_trailers
 from ballast_asgi.proxy.transport import make_transport
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
-#: httpx's ``timeout`` request extension.
+#: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
 Timeouts = dict[str, Any]
 _NO_BODY_STATUSES = frozenset({204, 304})
-#: Methods httpx gives ``Content-Length: 0`` when they have no body.
-_EMPTY_LENGTH_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: A timeout this close to the request's deadline was the deadline, not the upstream.
 _DEADLINE_SLACK_S = 0.002
-
-_ERROR_BODIES: dict[str, tuple[int, dict[str, object]]] = {
-    "timeout": (504, {"error": "gateway_timeout", "message": "upstream did not answer in time"}),
-    "deadline": (
-        504,
-        {"error": "gateway_timeout", "message": "the request's deadline passed (X-Deadline-Ms)"},
-    ),
-    "connect": (502, {"error": "bad_gateway", "message": "upstream connection failed"}),
-    "protocol": (502, {"error": "bad_gateway", "message": "upstream protocol error"}),
-}
-
-#: Error kind -> the attempt's outcome (kinds are ``ctx.upstream_error`` values).
-_OUTCOMES = {
-    "timeout": AttemptOutcome.TIMEOUT,
-    "deadline": AttemptOutcome.DEADLINE,
-    "connect": AttemptOutcome.CONNECT_ERROR,
-    "protocol": AttemptOutcome.PROTOCOL_ERROR,
-}
-_BAD_TARGET: dict[str, object] = {
-    "error": "bad_request",
-    "message": "the request target must be origin-form (/path?query); nothing was forwarded",
-}
-
-
-class _ClientGone(Exception):
-    """The client disconnected while its request body was being read."""
 
 
 class ProxyApp:
@@ -112,6 +116,8 @@ class ProxyApp:
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
         self._default_timeout = _timeouts(config.timeout_ms / 1000.0, config)
+        self._send_timeout_s = config.send_timeout_ms / 1000.0
+        drop_request_trailers()  # before uvicorn parses a request: trailers are not headers
 
     # -- lifecycle ------------------------------------------------------------
     @property
@@ -169,90 +175,81 @@ class ProxyApp:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = find_context(scope)
         if not origin_form(scope):
-            await self._refuse_target(send, ctx)
+            await self._refuse(send, ctx, 400, BAD_TARGET)
             return
-        try:
-            body = await self._read_body(scope, receive)
-        except _ClientGone:
-            if ctx is not None:
-                ctx.client_gone = True
+        length, chunked = declared_body(scope["headers"])
+        limit = self.config.max_body_bytes
+        if length is not None and length > limit:
+            await self._refuse(send, ctx, 413, too_large(limit))
             return
-        if body is None:
-            await send_json(send, 413, {"error": "payload_too_large",
-                                        "max_body_bytes": self.config.max_body_bytes})  # fmt: skip
-            return
+        headers = request_headers(scope, ctx is not None and ctx.deadline is not None)
+        source: RequestBodyStream | None = None
+        if chunked or (length is not None and length > self.config.request_buffer_bytes):
+            source = RequestBodyStream(receive, limit)
+            if chunked and length is None:
+                headers.append((b"transfer-encoding", b"chunked"))
+            stream: httpx.AsyncByteStream = source
+        else:
+            try:
+                body = await read_body(receive, limit)
+            except ClientGone:
+                _gone(ctx)
+                return
+            if body is None:
+                await self._refuse(send, ctx, 413, too_large(limit))
+                return
+            if body and length is None:  # an ASGI server that gave neither header
+                headers.append((b"content-length", str(len(body)).encode("ascii")))
+            stream = httpx.ByteStream(body)
+        await self._forward(scope, receive, send, ctx, headers, stream, source)
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext | None,
+        headers: RawHeaders,
+        stream: httpx.AsyncByteStream,
+        source: RequestBodyStream | None,
+    ) -> None:
         timeout, deadline_ms = self._timeout_for(ctx)
         if timeout is None:
             if ctx is not None:
                 ctx.attempt_outcome, ctx.head_rtt_s = AttemptOutcome.DEADLINE, None
             await self._failure(send, ctx, "deadline")
             return
-        method: str = scope["method"]
-        upstream = self.selector.choose(ctx, ())
-        headers = request_headers(scope, deadline_ms)
+        if deadline_ms is not None:
+            headers.append((DEADLINE, deadline_ms))
+        tried = () if ctx is None else cast("tuple[Upstream, ...]", ctx.tried_upstreams)
+        upstream = self.selector.choose(ctx, tried)
+        headers.insert(0, (b"host", upstream.netloc))
         request = httpx.Request(
-            method,
+            scope["method"],
             upstream.url(raw_target(scope)),
-            headers=_auto_headers(headers, upstream.netloc, method, body),
-            stream=httpx.ByteStream(body),
+            headers=headers,
+            stream=stream,
             extensions={"timeout": timeout},
         )
-        request.read()
-        await self._exchange(request, upstream, scope, receive, send, ctx)
+        if source is None:
+            request.read()
+        response = await self._attempt(request, upstream, send, ctx, source, timeout["read"])
+        if response is not None:
+            try:
+                await self._respond(response, scope, receive, send, ctx, source)
+            finally:
+                await response.aclose()
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole request body, or None when it is larger than the limit."""
-        limit = self.config.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > limit:
-                return None
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _ClientGone
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            return body if len(body) <= limit else None
-        return await self._read_rest(receive, [body], len(body), limit)
-
-    async def _read_rest(
-        self, receive: Receive, chunks: list[bytes], size: int, limit: int
-    ) -> bytes | None:
-        more = True
-        while more:
-            if size > limit:
-                return None
-            message = await receive()
-            if message["type"] != "http.request":
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            more = message.get("more_body", False)
-        return b"".join(chunks) if size <= limit else None
-
-    def _timeout_for(
-        self, ctx: RequestContext | None
-    ) -> tuple[dict[str, Any] | None, bytes | None]:
-        """httpx timeouts and the X-Deadline-Ms value; (None, None) when the deadline passed."""
-        if ctx is None or ctx.deadline is None:
-            return self._default_timeout, None
-        remaining_s = ctx.deadline - self.clock()
-        if remaining_s <= 0.0:
-            if ctx.would_shed:  # admitted by dry-run: forwarded with 0 ms left
-                return self._default_timeout, b"0"
-            return None, None
-        header = str(int(remaining_s * 1000.0)).encode("ascii")
-        return _timeouts(remaining_s, self.config), header
-
-    async def _exchange(
+    async def _attempt(
         self,
         request: httpx.Request,
         upstream: Upstream,
-        scope: Scope,
-        receive: Receive,
         send: Send,
         ctx: RequestContext | None,
-    ) -> None:
+        source: RequestBodyStream | None,
+        head_s: float,
+    ) -> httpx.Response | None:
+        """One upstream call up to the response head (bounded by ``head_s``), recorded once."""
         transport = self._transport
         if transport is None:
             await self.startup()
@@ -260,21 +257,73 @@ class ProxyApp:
             assert transport is not None
         started = self.clock()
         try:
-            response = await transport.handle_async_request(request)
-        except httpx.TransportError as exc:
-            kind = self._kind(exc, ctx)
-            self._record(ctx, upstream, _OUTCOMES[kind], None)
-            await self._failure(send, ctx, kind)
-            return
+            async with asyncio.timeout(head_s):
+                response = await transport.handle_async_request(request)
+        except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
+            await self._attempt_failed(exc, upstream, send, ctx, source)
+            return None
         rtt_s = self.clock() - started
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(rtt_s)
+        self._record(ctx, upstream, status_outcome(response.status_code), rtt_s)
+        return response
+
+    async def _attempt_failed(
+        self,
+        exc: BaseException,
+        upstream: Upstream,
+        send: Send,
+        ctx: RequestContext | None,
+        source: RequestBodyStream | None,
+    ) -> None:
+        """No head: the client left, the body was too large, or the upstream failed."""
+        if source is not None and source.gone:
+            if ctx is not None:
+                ctx.attempt_outcome = AttemptOutcome.CLIENT_GONE
+            _gone(ctx)
+            return
+        if source is not None and source.too_large:
+            await self._refuse(send, ctx, 413, too_large(self.config.max_body_bytes))
+            return
+        kind = self._kind(exc, ctx)
+        self._record(ctx, upstream, OUTCOMES[kind], None)
+        await self._failure(send, ctx, kind)
+
+    async def _respond(
+        self,
+        response: httpx.Response,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext | None,
+        source: RequestBodyStream | None,
+    ) -> None:
         status = response.status_code
-        self._record(ctx, upstream, _status_outcome(status), rtt_s)
+        headers, length = response_headers(response.headers.raw)
         try:
-            await self._respond(response, scope, receive, send, ctx)
-        finally:
-            await response.aclose()
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+        except OSError:
+            _gone(ctx)
+            return
+        if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES or status < 200:
+            length = 0
+
+        def watch() -> asyncio.Future[Any] | None:
+            if source is not None and not source.done:
+                return None  # the body is still being read for the upstream
+            return asyncio.ensure_future(disconnected(receive))
+
+        try:
+            chunks = cast("AsyncIterator[bytes]", response.stream)
+            if not await relay(chunks, length, send, self._send_timeout_s, watch):
+                _gone(ctx)
+        except UpstreamBodyError:
+            self._count_error(ctx, "protocol")
+            raise
+        except ClientSendTimeout:
+            if self.metrics is not None:
+                self.metrics.client_send_timeouts.inc()
+            raise
 
     def _record(
         self,
@@ -290,38 +339,32 @@ class ProxyApp:
             ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
         self.selector.report(upstream, outcome, rtt_s, self.clock())
 
-    async def _refuse_target(self, send: Send, ctx: RequestContext | None) -> None:
-        """400 for a target that is not origin-form: the gateway's own refusal (counts nothing)."""
+    async def _refuse(
+        self, send: Send, ctx: RequestContext | None, status: int, payload: dict[str, object]
+    ) -> None:
+        """The gateway's own refusal (bad target, body too large): counts as nothing."""
         if ctx is not None:
             ctx.attempt_outcome = AttemptOutcome.GATEWAY_ERROR
             ctx.outcome = limiter_signal(AttemptOutcome.GATEWAY_ERROR)
-        await send_json(send, 400, _BAD_TARGET)
+        await send_json(send, status, payload)
 
-    async def _respond(
-        self,
-        response: httpx.Response,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        ctx: RequestContext | None,
-    ) -> None:
-        status = response.status_code
-        headers, length = response_headers(response.headers.raw)
-        try:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-        except OSError:
-            _gone(ctx)
-            return
-        if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES or status < 200:
-            length = 0
-        try:
-            await _stream(response.stream, length, receive, send, ctx)
-        except httpx.TransportError as exc:
-            self._count_error(ctx, self._kind(exc, ctx))
+    def _timeout_for(self, ctx: RequestContext | None) -> tuple[Timeouts | None, bytes | None]:
+        """httpx timeouts and the X-Deadline-Ms value; (None, None) when the deadline passed."""
+        if ctx is None or ctx.deadline is None:
+            return self._default_timeout, None
+        remaining_s = ctx.deadline - self.clock()
+        if remaining_s <= 0.0:
+            if ctx.would_shed:  # admitted by dry-run: forwarded with 0 ms left
+                return self._default_timeout, b"0"
+            return None, None
+        header = str(int(remaining_s * 1000.0)).encode("ascii")
+        timeouts = _timeouts(remaining_s, self.config)
+        timeouts["total"] = remaining_s
+        return timeouts, header
 
-    def _kind(self, exc: httpx.TransportError, ctx: RequestContext | None) -> str:
+    def _kind(self, exc: BaseException, ctx: RequestContext | None) -> str:
         """``deadline`` when a timeout only enforced the request's own budget."""
-        kind = _kind(exc)
+        kind = kind_of(exc)
         if (
             kind == "timeout"
             and ctx is not None
@@ -334,7 +377,7 @@ class ProxyApp:
     async def _failure(self, send: Send, ctx: RequestContext | None, kind: str) -> None:
         """The one place an upstream failure becomes a response (502 or 504)."""
         self._count_error(ctx, kind)
-        status, payload = _ERROR_BODIES[kind]
+        status, payload = ERROR_BODIES[kind]
         await send_json(send, status, payload)
 
     def _count_error(self, ctx: RequestContext | None, kind: str) -> None:
@@ -345,84 +388,9 @@ class ProxyApp:
             self.metrics.upstream_errors.labels(kind).inc()
 
 
-def _status_outcome(status: int) -> AttemptOutcome:
-    """A response head's outcome: 5xx is a failure status, anything else a success."""
-    return AttemptOutcome.STATUS_5XX if status >= 500 else AttemptOutcome.SUCCESS
-
-
-async def _stream(
-    stream: Any, length: int | None, receive: Receive, send: Send, ctx: RequestContext | None
-) -> None:
-    """Send the upstream body; stop (and let the caller close upstream) if the client leaves."""
-    sent = 0
-    finished = False
-    watcher: asyncio.Task[Any] | None = None
-    try:
-        async for chunk in stream:
-            if finished or not chunk or length == 0:
-                continue  # drain to EOF so the connection can be reused
-            if watcher is not None and watcher.done():
-                _gone(ctx)
-                return
-            sent += len(chunk)
-            finished = length is not None and sent >= length
-            await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
-            if watcher is None and not finished:
-                watcher = asyncio.ensure_future(_disconnected(receive))
-        if not finished and (length is None or length == 0):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except OSError:
-        _gone(ctx)
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client disconnects (the request body was already read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 def _gone(ctx: RequestContext | None) -> None:
     if ctx is not None:
         ctx.client_gone = True
-
-
-def _kind(exc: httpx.TransportError) -> str:
-    """Map an httpx failure to the proxy's error kind (the single mapping)."""
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    if isinstance(exc, httpx.ConnectError):
-        return "connect"
-    return "protocol"
-
-
-def _auto_headers(headers: RawHeaders, host: bytes, method: str, body: bytes) -> RawHeaders:
-    """``headers`` plus exactly what ``httpx.Request(content=body)`` would add to them.
-
-    httpx puts ``Host`` first (when absent), then ``Content-Length: 0`` for an
-    empty POST/PUT/PATCH without Content-Length or Transfer-Encoding, and
-    appends ``Content-Length`` for a non-empty body without one. Building the
-    request from a ``ByteStream`` with these headers gives the same request
-    for a quarter of the CPU (no content encoding, no second ``Headers``).
-    """
-    has_host = has_length = has_chunked = False
-    for name, _ in headers:
-        lname = name.lower()
-        if lname == b"host":
-            has_host = True
-        elif lname == b"content-length":
-            has_length = True
-        elif lname == b"transfer-encoding":
-            has_chunked = True
-    out: RawHeaders = [] if has_host else [(b"Host", host)]
-    if not body and not (has_length or has_chunked) and method.upper() in _EMPTY_LENGTH_METHODS:
-        out.append((b"Content-Length", b"0"))
-    out.extend(headers)
-    if body and not has_length:
-        out.append((b"Content-Length", str(len(body)).encode("ascii")))
-    return out
 
 
 def _timeouts(seconds: float, config: ProxyConfig) -> Timeouts:

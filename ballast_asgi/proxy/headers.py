@@ -4,7 +4,9 @@ Hop-by-hop headers (RFC 9110 section 7.6.1) are removed in both directions:
 ``Connection`` and every header it names, ``Keep-Alive``, ``TE``,
 ``Trailer``, ``Transfer-Encoding``, ``Upgrade`` and ``Proxy-*``.
 
-Request side, in addition: ``Host`` is dropped (httpx sets the upstream's) and
+Request side, in addition: ``Expect`` is dropped (the gateway answered
+``100-continue`` itself when it read the body; an upstream that never sends 100
+must not hold the request); ``Host`` is dropped (httpx sets the upstream's) and
 sent on as ``X-Forwarded-Host``; ``X-Forwarded-For`` gets the client address
 appended to any earlier values (joined into one header, as nginx's
 ``$proxy_add_x_forwarded_for``); ``X-Forwarded-Proto`` is replaced by the
@@ -23,11 +25,12 @@ HOP_BY_HOP = frozenset(
 )
 _REQUEST_DROP = HOP_BY_HOP | {
     b"host",
+    b"expect",
     b"x-forwarded-for",
     b"x-forwarded-proto",
     b"x-forwarded-host",
 }
-_DEADLINE = b"x-deadline-ms"
+DEADLINE = b"x-deadline-ms"
 #: Printable ASCII stays as it is (existing %XX escapes included); other bytes are escaped.
 _SAFE = bytes(range(0x21, 0x7F))
 
@@ -42,8 +45,12 @@ def connection_names(value: bytes, into: set[bytes] | None) -> set[bytes]:
     return names
 
 
-def request_headers(scope: Scope, deadline_ms: bytes | None) -> RawHeaders:
-    """The headers to send upstream for a request with ``scope``."""
+def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
+    """The headers to send upstream for ``scope`` (without Host; the caller adds it).
+
+    ``drop_deadline``: the gateway computed the remaining budget and will send
+    its own ``X-Deadline-Ms``.
+    """
     out: RawHeaders = []
     host = forwarded_for = named = None
     for name, value in scope["headers"]:
@@ -54,7 +61,7 @@ def request_headers(scope: Scope, deadline_ms: bytes | None) -> RawHeaders:
                 forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
             elif name == b"connection":
                 named = connection_names(value, named)
-        elif not name.startswith(b"proxy-") and not (deadline_ms and name == _DEADLINE):
+        elif not name.startswith(b"proxy-") and not (drop_deadline and name == DEADLINE):
             out.append((name, value))
     if named:
         out = [h for h in out if h[0] not in named]
@@ -67,8 +74,6 @@ def request_headers(scope: Scope, deadline_ms: bytes | None) -> RawHeaders:
     out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode("latin-1")))
     if host is not None:
         out.append((b"x-forwarded-host", host))
-    if deadline_ms:
-        out.append((_DEADLINE, deadline_ms))
     return out
 
 

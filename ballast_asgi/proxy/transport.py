@@ -31,6 +31,7 @@ any other aiohttp.ClientError               RemoteProtocolError
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
 
 import aiohttp
 import httpx
@@ -40,39 +41,45 @@ from yarl import URL
 from ballast_asgi.config import ProxyConfig
 
 #: Headers aiohttp would add on its own; a proxy adds none of them.
-_SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept")
+_SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
 _HTTP_11 = {"http_version": b"HTTP/1.1"}
 _LARGE_BODY_BYTES = 1 << 20
 _SLICE_BYTES = 256 * 1024
 
 
 class _ProxyClientRequest(aiohttp.ClientRequest):
-    """aiohttp's request, minus per-request work for headers a proxy never adds.
+    """aiohttp's request that adds nothing the client did not send (issue 13.3).
 
-    ``update_auto_headers`` adds ``Accept``, ``Accept-Encoding`` and
-    ``User-Agent`` unless skipped. The session skips all three, which costs a
-    sort and two header-dict copies per request for nothing added. When the
-    skip set is exactly ours (and aiohttp's automatic headers are those three,
-    checked at import), this records the same skip set, built once, and adds
-    nothing: the request on the wire is identical.
+    * no ``Content-Length: 0`` on a bodiless DELETE/POST/...: a request
+      without a body goes without framing headers, as the client sent it;
+    * no ``Content-Type: application/octet-stream`` (skipped via the session's
+      ``skip_auto_headers``, which also skips ``Accept``, ``Accept-Encoding``
+      and ``User-Agent``);
+    * ``update_auto_headers`` records the session's skip set, built once,
+      instead of sorting it and copying two header dicts per request, when
+      the skip set is exactly ours and aiohttp's automatic headers are among
+      it (checked at import): the request on the wire is identical.
     """
 
     def update_auto_headers(self, skip_auto_headers: Iterable[str] | None) -> None:
-        if skip_auto_headers is None or skip_auto_headers != _SKIP_FROZEN:
+        if not _LEAN_AUTO or skip_auto_headers is None or skip_auto_headers != _SKIP_FROZEN:
             super().update_auto_headers(skip_auto_headers)
             return
         self._skip_auto_headers = _SKIP_MULTIDICT
 
+    def update_body_from_data(self, body: Any, _stacklevel: int = 3) -> None:
+        if body is None:
+            self._body = None
+            return
+        super().update_body_from_data(body, _stacklevel)
+
 
 _SKIP_FROZEN = frozenset(istr(name) for name in _SKIP_AUTO_HEADERS)
 _SKIP_MULTIDICT: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_FROZEN))
-#: The lean request class only when aiohttp's automatic headers are the ones we skip.
-_REQUEST_CLASS: type[aiohttp.ClientRequest] = (
-    _ProxyClientRequest
-    if {istr(name) for name in aiohttp.ClientRequest.DEFAULT_HEADERS} | {istr("User-Agent")}
-    <= _SKIP_FROZEN
-    else aiohttp.ClientRequest
-)
+#: The lean auto-header path only when aiohttp's automatic headers are ones we skip.
+_LEAN_AUTO = {istr(name) for name in aiohttp.ClientRequest.DEFAULT_HEADERS} | {
+    istr("User-Agent")
+} <= _SKIP_FROZEN
 
 
 def map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
@@ -133,7 +140,8 @@ def _timeout(extensions: Mapping[str, object]) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None)
     connect, pool, read = t.get("connect"), t.get("pool"), t.get("read")
     acquire = None if connect is None else connect + (pool or 0.0)
-    return aiohttp.ClientTimeout(total=None, connect=acquire, sock_connect=connect, sock_read=read)
+    total = t.get("total")  # the request's deadline: bounds the whole exchange, body included
+    return aiohttp.ClientTimeout(total=total, connect=acquire, sock_connect=connect, sock_read=read)
 
 
 class AiohttpResponseStream(httpx.AsyncByteStream):
@@ -174,7 +182,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self,
         *,
         max_connections: int = 1_000,
-        keepalive_s: float = 30.0,
+        keepalive_s: float = 1.5,
         max_field_size: int = 65_536,
     ) -> None:
         if max_connections < 1:
@@ -183,6 +191,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self.keepalive_s = keepalive_s
         self.max_field_size = max_field_size
         self._session: aiohttp.ClientSession | None = None
+        self._fallback: httpx.AsyncHTTPTransport | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -200,13 +209,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             timeout=aiohttp.ClientTimeout(total=None),
             max_field_size=self.max_field_size,
             max_line_size=self.max_field_size,
-            request_class=_REQUEST_CLASS,
+            request_class=_ProxyClientRequest,
         )
         _no_hidden_retry(self._session)
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through aiohttp and return a streaming httpx response."""
+        headers = _headers(request)
+        if headers is None:  # not UTF-8: aiohttp would re-encode it
+            return await self._bytes_transport().handle_async_request(request)
         session = self._session
         if session is None or session.closed:
             session = self._open()
@@ -214,9 +226,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             response = await session.request(
                 request.method,
                 yarl_url(request.url),
-                headers=[
-                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
-                ],
+                headers=headers,
                 data=_body(request),
                 allow_redirects=False,
                 timeout=_timeout(request.extensions),
@@ -232,16 +242,37 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             request=request,
         )
 
+    def _bytes_transport(self) -> httpx.AsyncHTTPTransport:
+        """httpx's own pool, for the rare request whose header bytes aiohttp cannot keep."""
+        if self._fallback is None:
+            self._fallback = _httpx_transport(self.max_connections, self.keepalive_s)
+        return self._fallback
+
     async def aclose(self) -> None:
-        """Close the session and its connections."""
+        """Close the session, the fallback pool and their connections."""
         session, self._session = self._session, None
+        fallback, self._fallback = self._fallback, None
         if session is not None and not session.closed:
             await session.close()
+        if fallback is not None:
+            await fallback.aclose()
 
 
-def _headers(request: httpx.Request) -> list[tuple[str, str]]:
-    """The request's raw headers as aiohttp takes them (a list keeps repeats)."""
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+def _headers(request: httpx.Request) -> list[tuple[str, str]] | None:
+    """The request's headers as aiohttp takes them (a list keeps repeats); None if not UTF-8.
+
+    aiohttp writes header text as UTF-8, so a value decoded as UTF-8 goes out
+    byte for byte; a value that is not UTF-8 (``caf\\xe9`` in Latin-1) cannot,
+    and the request goes through httpx's pool instead (issue 13.2). The
+    transfer-encoding of a streamed body is aiohttp's to write.
+    """
+    try:
+        out = [(k.decode("ascii"), v.decode("utf-8")) for k, v in request.headers.raw]
+    except UnicodeDecodeError:
+        return None
+    if isinstance(request.stream, httpx.ByteStream):
+        return out
+    return [(k, v) for k, v in out if k.lower() != "transfer-encoding"]
 
 
 def _body(request: httpx.Request) -> bytes | AsyncIterator[bytes] | None:
@@ -275,12 +306,18 @@ async def _aiter(stream: object) -> AsyncIterator[bytes]:
 
 def make_transport(config: ProxyConfig) -> httpx.AsyncBaseTransport:
     """The proxy's transport chosen by ``config.transport`` ("aiohttp" or "httpx")."""
+    idle_s = config.pool_idle_timeout_ms / 1000.0
     if config.transport == "aiohttp":
-        return AiohttpTransport(max_connections=config.max_connections)
+        return AiohttpTransport(max_connections=config.max_connections, keepalive_s=idle_s)
+    return _httpx_transport(config.max_connections, idle_s)
+
+
+def _httpx_transport(max_connections: int, idle_s: float) -> httpx.AsyncHTTPTransport:
+    """httpx's pool with proxy settings: no environment, no retries, idle expiry ``idle_s``."""
     limits = httpx.Limits(
-        max_connections=config.max_connections,
-        max_keepalive_connections=config.max_connections,
-        keepalive_expiry=30.0,
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=idle_s,
     )
     return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0)
 

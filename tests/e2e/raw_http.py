@@ -6,6 +6,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -141,3 +142,52 @@ class ResettingListener(CountingListener):
                 conn.recv(65536)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """One request head plus its Content-Length body (or chunked body to the last chunk)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lower = head.lower()
+    if b"transfer-encoding: chunked" in lower:
+        while not rest.endswith(b"\r\n\r\n") or b"0\r\n" not in rest:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    elif b"content-length:" in lower:
+        n = int(lower.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        while len(rest) < n:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+class ScriptedUpstream(CountingListener):
+    """Each accepted connection is handed to ``script(conn, index)`` in its own thread."""
+
+    def __init__(self, script: Callable[[socket.socket, int], None]) -> None:
+        super().__init__()
+        self.script = script
+        self.requests: list[bytes] = []
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn, self.accepted), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, index: int) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(10)
+            self.script(conn, index)

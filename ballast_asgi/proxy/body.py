@@ -1,0 +1,185 @@
+"""Request and response bodies: read small ones, stream the rest with backpressure both ways.
+
+Request side: a body with a ``Content-Length`` up to ``proxy.request_buffer_bytes``
+is read before the upstream call (one ``receive`` in the common case); a
+larger or chunked body streams upstream as it arrives (``RequestBodyStream``),
+counted against ``max_body_bytes``. Replaying a body for a retry is the retry
+stage's job (it feeds the same ``receive`` again, bounded).
+
+Response side (``relay``): each upstream chunk is sent before the next is read,
+so a slow client pauses the upstream read (uvicorn's ``send`` waits while its
+write buffer is above the high-water mark; aiohttp stops reading its socket
+when its own buffer is full): at most about two buffers per response are
+held. A ``send`` that does not finish within ``send_timeout_s`` (a client that
+stopped reading) and an upstream failure after the head both *abort* the
+client connection by raising, so a truncated body is never presented as a
+complete response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+from ballast_asgi.core.types import RawHeaders, Receive, Send
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request body was being read."""
+
+
+class BodyTooLarge(Exception):
+    """A streamed request body went past ``max_body_bytes``."""
+
+
+class UpstreamBodyError(Exception):
+    """The upstream failed after the response head: the client connection is aborted."""
+
+
+class ClientSendTimeout(Exception):
+    """The client did not take a response chunk within the send timeout: aborted."""
+
+
+def declared_body(headers: RawHeaders) -> tuple[int | None, bool]:
+    """``(Content-Length or None, chunked)`` as the client declared them."""
+    length: int | None = None
+    chunked = False
+    for name, value in headers:
+        if name == b"content-length":
+            length = int(value) if value.isdigit() else None
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+    return length, chunked
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None when it is larger than ``limit``."""
+    message = await receive()
+    if message["type"] != "http.request":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body if len(body) <= limit else None
+    chunks = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        if size > limit:
+            return None
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks) if size <= limit else None
+
+
+class RequestBodyStream(httpx.AsyncByteStream):
+    """The client's request body, streamed upstream as it arrives (at most ``limit`` bytes)."""
+
+    __slots__ = ("_limit", "_receive", "done", "gone", "too_large")
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self._receive = receive
+        self._limit = limit
+        self.done = False
+        self.gone = False
+        self.too_large = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        more = True
+        while more:
+            message = await self._receive()
+            if message["type"] != "http.request":
+                self.gone = True
+                raise ClientGone
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > self._limit:
+                self.too_large = True
+                raise BodyTooLarge
+            more = message.get("more_body", False)
+            if chunk:
+                yield chunk
+        self.done = True
+
+
+async def relay(
+    chunks: AsyncIterator[bytes],
+    length: int | None,
+    send: Send,
+    send_timeout_s: float,
+    watch: Callable[[], asyncio.Future[Any] | None],
+) -> bool:
+    """Send the upstream body; False when the client left (the caller closes upstream).
+
+    Raises ``UpstreamBodyError`` when the upstream fails mid-body and
+    ``ClientSendTimeout`` when a send takes longer than ``send_timeout_s``.
+    ``watch()`` starts (once) a future that completes when the client disconnects.
+    """
+    sent = 0
+    finished = False
+    watcher: asyncio.Future[Any] | None = None
+    try:
+        async for chunk in _upstream(chunks):
+            if finished or not chunk or length == 0:
+                continue  # drain to EOF so the connection can be reused
+            if watcher is not None and watcher.done():
+                return False
+            sent += len(chunk)
+            finished = length is not None and sent >= length
+            await _send(send, {"type": "http.response.body", "body": chunk,
+                               "more_body": not finished}, send_timeout_s)  # fmt: skip
+            if watcher is None and not finished:
+                watcher = watch()
+        if not finished:
+            if length:  # Content-Length promised more than the upstream sent
+                raise UpstreamBodyError(f"upstream body ended after {sent} of {length} bytes")
+            await _send(send, {"type": "http.response.body", "body": b"", "more_body": False},
+                        send_timeout_s)  # fmt: skip
+    except OSError:
+        return False
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    return True
+
+
+async def _upstream(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The upstream's chunks; its transport errors become ``UpstreamBodyError``."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except httpx.TransportError as exc:
+        raise UpstreamBodyError(f"upstream body failed: {type(exc).__name__}") from exc
+
+
+async def _send(send: Send, message: dict[str, Any], timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await send(message)
+    except TimeoutError:
+        raise ClientSendTimeout(f"client took no data for {timeout_s:g} s") from None
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (the request body was already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+__all__ = [
+    "BodyTooLarge",
+    "ClientGone",
+    "ClientSendTimeout",
+    "RequestBodyStream",
+    "UpstreamBodyError",
+    "declared_body",
+    "disconnected",
+    "read_body",
+    "relay",
+]

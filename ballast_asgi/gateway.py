@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.config.models import ServerConfig
+from ballast_asgi.core.classify import Classifier
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.forwarded import (
     CLIENT_IP_KEY,
@@ -51,6 +52,7 @@ from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.serve import adopt_uvicorn
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
 
@@ -93,6 +95,14 @@ class Gateway:
         #: Whether the server may have rewritten ``scope["client"]`` (unknown: assume so).
         self.server_may_rewrite = True
         self._warned_rewrite = False
+        self.websockets = WebSocketProxy(
+            config=config.websocket,
+            selector=self.proxy.selector,
+            classifier=Classifier(config.priority),
+            metrics=self.metrics,
+            default_priority=config.priority.default,
+            clock=clock,
+        )
         self._app = self._compose(config)
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
@@ -111,8 +121,11 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http" or kind == "websocket":
+        if kind == "http":
             scope = self._peer(scope)
+        elif kind == "websocket":
+            await self.websockets(self._peer(scope), receive, send)
+            return
         elif kind == "lifespan":
             self._handle_sighup()
         await self._app(scope, receive, send)
@@ -211,6 +224,8 @@ class Gateway:
             return False, redact_userinfo(str(exc))
         reconfigure_parts(self.parts, self.config, new, self.clock())
         self.config = new
+        self.websockets.config = new.websocket
+        self.websockets.classifier = Classifier(new.priority)
         self._app = self._compose(new)
         self.version += 1
         self.loaded_at = time.time()

@@ -279,6 +279,21 @@ class ServerConfig(_Frozen):
     max_connections: int = Field(10_000, ge=1, le=1_000_000)
 
 
+class WebSocketConfig(_Frozen):
+    """WebSocket upgrades, proxied to the upstream (ballast_asgi/proxy/websocket.py)."""
+
+    #: Proxy websocket upgrades; false: refuse them (403) with one log line each.
+    enabled: bool = True
+    #: Open websocket connections, counted apart from the concurrency limiter.
+    max_connections: int = Field(1_000, ge=1, le=1_000_000)
+    #: Share of max_connections only the critical tier may use.
+    reserved_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    #: Largest message accepted from the upstream (the client side: uvicorn's --ws-max-size).
+    max_message_bytes: int = Field(1_048_576, ge=1_024, le=64 * 1024 * 1024)
+    #: Time allowed for the upstream's opening handshake.
+    open_timeout_ms: int = Field(5_000, ge=1, le=600_000)
+
+
 class EtcdConfig(_Frozen):
     """The etcd cluster discovery uses."""
 
@@ -358,6 +373,7 @@ class GatewayConfig(_Frozen):
     #: Follow instances registered in etcd instead of a fixed upstream (None: off).
     discovery: DiscoveryConfig | None = None
     server: ServerConfig = ServerConfig()
+    websocket: WebSocketConfig = WebSocketConfig()
 
     @field_validator("upstream")
     @classmethod

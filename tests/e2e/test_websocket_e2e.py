@@ -1,0 +1,190 @@
+"""WebSockets through a real gateway: echo both ways, close codes, admission at the upgrade."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from ballast_asgi.config import build_config
+from ballast_asgi.gateway import build_gateway
+from tests.e2e.support import (
+    NO_BALLAST_ENV,
+    free_port,
+    serve_in_thread,
+    stop_process,
+    stop_thread,
+    wait_http,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+class Echo:
+    """A websocket upstream: echoes frames, closes on ``close:CODE``, records the client close."""
+
+    def __init__(self) -> None:
+        self.disconnects: list[int] = []
+        self.headers: list[dict[bytes, bytes]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return
+        self.headers.append(dict(scope["headers"]))
+        await receive()
+        offered = scope.get("subprotocols") or []
+        await send({"type": "websocket.accept", "subprotocol": offered[0] if offered else None})
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                self.disconnects.append(message["code"])
+                return
+            text = message.get("text")
+            if text and text.startswith("close:"):
+                await send({"type": "websocket.close", "code": int(text[6:]), "reason": "bye"})
+                continue
+            key = "text" if text is not None else "bytes"
+            await send({"type": "websocket.send", key: message.get(key)})
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[Echo, str]]:
+    """The echo upstream on loopback."""
+    app, port = Echo(), free_port()
+    server, thread = serve_in_thread(app, port)
+    yield app, f"http://127.0.0.1:{port}"
+    stop_thread(server, thread)
+
+
+@contextmanager
+def gateway(upstream: str, **data: Any) -> Iterator[tuple[int, Any]]:
+    """A gateway object served by uvicorn in a thread: (port, gateway)."""
+    gw = build_gateway(build_config({"upstream": upstream, **data}), env={})
+    port = free_port()
+    server, thread = serve_in_thread(gw, port)
+    try:
+        yield port, gw
+    finally:
+        stop_thread(server, thread)
+
+
+def test_echo_both_ways_with_subprotocol(echo: tuple[Echo, str]) -> None:
+    """Text and binary frames go both ways; the upstream's subprotocol choice comes back."""
+    app, upstream = echo
+    with gateway(upstream) as (port, gw):
+        url = f"ws://127.0.0.1:{port}/chat?room=1"
+        with connect(url, subprotocols=["v2.chat"], additional_headers={"X-Trace": "abc"}) as ws:
+            assert ws.subprotocol == "v2.chat"
+            ws.send("hello")
+            assert ws.recv(timeout=5) == "hello"
+            ws.send(b"\x00\xffbin")
+            assert ws.recv(timeout=5) == b"\x00\xffbin"
+            assert gw.websockets.cap.open == 1
+            assert gw.parts.limiter.inflight == 0
+    assert app.headers[0][b"x-trace"] == b"abc"
+    assert app.headers[0][b"x-forwarded-for"] == b"127.0.0.1"
+
+
+def test_upstream_close_code_and_reason_reach_the_client(echo: tuple[Echo, str]) -> None:
+    """The upstream closes with 4001 'bye': the client sees exactly that."""
+    with gateway(echo[1]) as (port, gw), connect(f"ws://127.0.0.1:{port}/") as ws:
+        ws.send("close:4001")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4001, "bye")
+    assert gw.websockets.cap.open == 0
+
+
+def test_client_close_code_reaches_the_upstream(echo: tuple[Echo, str]) -> None:
+    """The client closes with 4002: the upstream receives 4002."""
+    app, upstream = echo
+    with gateway(upstream) as (port, gw):
+        with connect(f"ws://127.0.0.1:{port}/") as ws:
+            ws.send("x")
+            assert ws.recv(timeout=5) == "x"
+            ws.close(4002, "done")
+        limit = 200
+        while (not app.disconnects or gw.websockets.cap.open) and limit:  # bounded poll
+            limit -= 1
+            httpx.get(f"http://127.0.0.1:{port}/_ballast/health")
+        assert gw.websockets.cap.open == 0
+    assert app.disconnects == [4002]
+
+
+def test_cap_sheds_lower_tiers_first(echo: tuple[Echo, str]) -> None:
+    """max_connections 2 with half reserved: one standard upgrade, a second gets 429."""
+    ws_config = {"max_connections": 2, "reserved_fraction": 0.5}
+    with gateway(echo[1], websocket=ws_config) as (port, gw):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url) as first:
+            with pytest.raises(InvalidStatus) as refused:
+                connect(url)
+            response = refused.value.response
+            assert response.status_code == 429
+            assert response.headers["x-ballast-reason"] == "capacity"
+            with connect(url, additional_headers={"X-Priority": "critical"}) as vip:
+                vip.send("still")
+                assert vip.recv(timeout=5) == "still"
+            first.send("ok")
+            assert first.recv(timeout=5) == "ok"
+        text = httpx.get(f"http://127.0.0.1:{port}/_ballast/metrics").text
+    assert 'ballast_shed_total{priority="standard",reason="capacity"} 1.0' in text
+    assert gw.websockets.cap.open == 0
+
+
+def test_bad_priority_is_400_and_dead_upstream_is_502() -> None:
+    """A malformed X-Priority is a 400 naming it; an unreachable upstream is a 502."""
+    with gateway(f"http://127.0.0.1:{free_port()}") as (port, gw):
+        url = f"ws://127.0.0.1:{port}/"
+        with pytest.raises(InvalidStatus) as bad:
+            connect(url, additional_headers={"X-Priority": "urgent!"})
+        assert bad.value.response.status_code == 400
+        assert b"x-priority" in bad.value.response.body.lower()
+        with pytest.raises(InvalidStatus) as down:
+            connect(url)
+        assert down.value.response.status_code == 502
+        assert gw.websockets.cap.open == 0
+
+
+def test_turned_off_is_403_with_one_log_line(
+    echo: tuple[Echo, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """websocket.enabled false: 403 and one warning per refused upgrade; echo never called."""
+    app, upstream = echo
+    with (
+        caplog.at_level(logging.WARNING, logger="ballast.websocket"),
+        gateway(upstream, websocket={"enabled": False}) as (port, _),
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"ws://127.0.0.1:{port}/x")
+        assert refused.value.response.status_code == 403
+    lines = [r for r in caplog.records if r.name == "ballast.websocket"]
+    assert len(lines) == 1 and "/x" in lines[0].getMessage()
+    assert app.headers == []
+
+
+def test_echo_through_the_cli(echo: tuple[Echo, str], tmp_path: Path) -> None:
+    """The `ballast` CLI proxies a websocket echo too."""
+    port = free_port()
+    env = {**os.environ, **NO_BALLAST_ENV}
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--upstream", echo[1], "--port", str(port),
+            "--admin-port", "0"]  # fmt: skip
+    proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
+        with connect(f"ws://127.0.0.1:{port}/") as ws:
+            ws.send("via cli")
+            assert ws.recv(timeout=5) == "via cli"
+    finally:
+        stop_process(proc)

@@ -170,7 +170,7 @@ class WebSocketProxy:
         http_scope = {**scope, "scheme": "https" if secure else "http"}
         headers = [
             (n.decode("latin-1"), v.decode("latin-1"))
-            for n, v in request_headers(http_scope, None)
+            for n, v in request_headers(http_scope, False)
             if not n.startswith(b"sec-websocket-")
         ]
         return connect(

@@ -174,3 +174,25 @@ def test_snapshot_and_config_errors_never_show_credentials() -> None:
     with pytest.raises(ConfigError) as info:
         build_config({"upstream": "ftp://svc:hunter2@127.0.0.1:9101"})
     assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("location", "expected"),
+    [
+        (b"http://127.0.0.1:9101/base/next?q=1", b"https://gw.test/api/next?q=1"),
+        (b"HTTP://127.0.0.1:9101/base", b"https://gw.test/api"),
+        (b"/base/rel", b"/api/rel"),
+        (b"/basement", b"/basement"),
+        (b"http://127.0.0.1:9101/other", b"http://127.0.0.1:9101/other"),
+        (b"http://elsewhere/base/x", b"http://elsewhere/base/x"),
+        (b"next", b"next"),
+    ],
+)
+def test_location_rewrite(location: bytes, expected: bytes) -> None:
+    """Only a Location under the upstream's origin and base path moves to the gateway's."""
+    from ballast_asgi.proxy.redirects import rewrite_locations
+
+    up = Upstream.parse("http://127.0.0.1:9101/base")
+    scope = _scope(b"/api/x", root_path="/api", scheme="https")
+    out = rewrite_locations([(b"location", location), (b"x-other", location)], up, scope)
+    assert out == [(b"location", expected), (b"x-other", location)]

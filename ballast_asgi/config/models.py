@@ -64,6 +64,9 @@ class ProxyConfig(_Frozen):
     #: A client that takes no response data for this long is disconnected (counted
     #: in ballast_client_send_timeouts_total).
     send_timeout_ms: int = Field(30_000, ge=1, le=3_600_000)
+    #: Send the client's Host upstream instead of the upstream's (then redirects
+    #: need no rewriting); by default Location headers are rewritten (redirects.py).
+    preserve_host: bool = False
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -73,6 +73,7 @@ from ballast_asgi.proxy.headers import (
     request_headers,
     response_headers,
 )
+from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
 from ballast_asgi.proxy.transport import make_transport
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
@@ -223,7 +224,8 @@ class ProxyApp:
             headers.append((DEADLINE, deadline_ms))
         tried = () if ctx is None else cast("tuple[Upstream, ...]", ctx.tried_upstreams)
         upstream = self.selector.choose(ctx, tried)
-        headers.insert(0, (b"host", upstream.netloc))
+        host = client_host(scope) if self.config.preserve_host else None
+        headers.insert(0, (b"host", host or upstream.netloc))
         request = httpx.Request(
             scope["method"],
             upstream.url(raw_target(scope)),
@@ -236,7 +238,7 @@ class ProxyApp:
         response = await self._attempt(request, upstream, send, ctx, source, timeout["read"])
         if response is not None:
             try:
-                await self._respond(response, scope, receive, send, ctx, source)
+                await self._respond(response, upstream, scope, receive, send, ctx, source)
             finally:
                 await response.aclose()
 
@@ -292,6 +294,7 @@ class ProxyApp:
     async def _respond(
         self,
         response: httpx.Response,
+        upstream: Upstream,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -299,7 +302,9 @@ class ProxyApp:
         source: RequestBodyStream | None,
     ) -> None:
         status = response.status_code
-        headers, length = response_headers(response.headers.raw)
+        headers, length, location = response_headers(response.headers.raw)
+        if location and not self.config.preserve_host:
+            headers = rewrite_locations(headers, upstream, scope)
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
         except OSError:

@@ -31,6 +31,7 @@ _REQUEST_DROP = HOP_BY_HOP | {
     b"x-forwarded-host",
 }
 DEADLINE = b"x-deadline-ms"
+_LOCATIONS = frozenset({b"location", b"content-location"})
 #: Printable ASCII stays as it is (existing %XX escapes included); other bytes are escaped.
 _SAFE = bytes(range(0x21, 0x7F))
 
@@ -77,11 +78,13 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
     return out
 
 
-def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None]:
-    """Upstream response headers without hop-by-hop ones, and the Content-Length if any."""
+def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None, bool]:
+    """Upstream response headers without hop-by-hop ones, the Content-Length if any, and
+    whether a ``Location``/``Content-Location`` is among them (for ``redirects.py``)."""
     out: RawHeaders = []
     named: set[bytes] | None = None
     length: int | None = None
+    location = False
     for name, value in raw:
         lname = name.lower()
         if lname in HOP_BY_HOP or lname.startswith(b"proxy-"):
@@ -90,12 +93,14 @@ def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None]:
             continue
         if lname == b"content-length" and value.isdigit():
             length = int(value)
+        elif lname in _LOCATIONS:
+            location = True
         out.append((lname, value))
     if named:
         out = [h for h in out if h[0] not in named]
         if b"content-length" in named:
             length = None
-    return out, length
+    return out, length, location
 
 
 def origin_form(scope: Scope) -> bool:

@@ -11,9 +11,7 @@ WORKDIR /app
 # Only what the package needs (no .venv, .git or run data in the build context copy).
 COPY pyproject.toml README.md ./
 COPY ballast_asgi ./ballast_asgi
-COPY upstream_sim ./upstream_sim
-COPY loadgen ./loadgen
-COPY experiments ./experiments
+COPY ballast_tools ./ballast_tools
 RUN pip install --no-cache-dir .
 
 # Unprivileged at run time.

@@ -48,10 +48,10 @@ demo: $(STAMP)
 	$(PY) -m experiments.demo --duration $(DURATION)
 
 experiment: $(STAMP)
-	$(PY) -m experiments.run
+	$(PY) -m experiments.sweep
 
 experiment-quick: $(STAMP)
-	$(PY) -m experiments.run --quick
+	$(PY) -m experiments.sweep --quick
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench

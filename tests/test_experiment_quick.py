@@ -1,4 +1,4 @@
-"""``python -m experiments.run --quick``: the experiment's qualitative shape, end to end.
+"""``python -m experiments.sweep --quick``: the experiment's qualitative shape, end to end.
 
 Three short runs at 12x overload (fixed-16, fixed-256, gradient) against the
 real simulator and gateway processes, at time dilation k = 2 so that a busy
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import run
-from experiments.exp_metrics import metrics
+from experiments.sweep import run
+from experiments.sweep.metrics import metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -14,9 +14,10 @@ FORBIDDEN = ("starlette", "fastapi", "httpx", "uvicorn", "aiohttp", "prometheus_
 CORES = [
     "ballast_asgi/core/*.py",
     "ballast_asgi/core/limit/*.py",
-    "upstream_sim/model.py",
-    "loadgen/schedule.py",
-    "loadgen/hist.py",
+    "ballast_tools/upstream_sim/model.py",
+    "ballast_tools/loadgen/schedule.py",
+    "ballast_tools/units.py",
+    "ballast_tools/hist.py",
 ]
 
 

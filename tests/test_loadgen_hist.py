@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.hist import Histogram
+from ballast_tools.hist import Histogram
 
 values = st.lists(st.floats(min_value=1e-6, max_value=1e3, allow_nan=False), min_size=1)
 

@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from loadgen.__main__ import _config, _parser
-from loadgen.record import Outcome, Record, RunStats, classify, write_jsonl
-from loadgen.report import format_table, summarize
-from loadgen.runner import LoadConfig, RunResult
-from loadgen.schedule import DEFAULT_TIERS
+from ballast_tools.loadgen.__main__ import _config, _parser
+from ballast_tools.loadgen.record import Outcome, Record, RunStats, classify, write_jsonl
+from ballast_tools.loadgen.report import format_table, summarize
+from ballast_tools.loadgen.runner import LoadConfig, RunResult
+from ballast_tools.loadgen.schedule import DEFAULT_TIERS
 
 
 @pytest.mark.parametrize(

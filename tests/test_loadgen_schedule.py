@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.schedule import DEFAULT_TIERS, build_schedule, make_tiers
-from loadgen.units import format_duration, parse_duration_s
+from ballast_tools.loadgen.schedule import DEFAULT_TIERS, build_schedule, make_tiers
+from ballast_tools.units import format_duration, parse_duration_s
 
 
 def test_constant_schedule_is_evenly_spaced() -> None:

@@ -10,9 +10,9 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from upstream_sim.app import TrafficApp, build_admin_app
-from upstream_sim.model import Profile, Simulator
-from upstream_sim.profile_api import ProfileUpdate, apply_update
+from ballast_tools.upstream_sim.app import TrafficApp, build_admin_app
+from ballast_tools.upstream_sim.model import Profile, Simulator
+from ballast_tools.upstream_sim.profile_api import ProfileUpdate, apply_update
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from upstream_sim.model import Profile, Service, Simulator, WorkerPool, sample_service
+from ballast_tools.upstream_sim.model import Profile, Service, Simulator, WorkerPool, sample_service
 
 REF = Profile(workers=8, fast_s=0.025, slow_s=0.120)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.soak import rss_summary, slope_per_min
+from experiments.soak.analysis import rss_summary, slope_per_min
 
 
 def test_slope_of_a_line_is_its_rate_per_minute() -> None:

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from loadgen.runner import LoadConfig, LoadRunner
-from loadgen.schedule import make_tiers
-from upstream_sim.model import Profile
-from upstream_sim.server import RunningSim, start_sim
+from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
+from ballast_tools.loadgen.schedule import make_tiers
+from ballast_tools.upstream_sim.model import Profile
+from ballast_tools.upstream_sim.server import RunningSim, start_sim
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 

@@ -1,0 +1,1 @@
+"""The open-loop load generator (``ballast-load``); see ``docs/instruments.md``."""

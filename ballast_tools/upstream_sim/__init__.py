@@ -1,0 +1,1 @@
+"""The programmable upstream simulator (``ballast-upstream``); see ``docs/instruments.md``."""

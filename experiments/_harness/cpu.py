@@ -1,0 +1,62 @@
+"""CPU pinning and the /proc counters the tools measure with (Linux).
+
+``pin_self`` pins the calling process (the generator) to one CPU; the other
+processes are pinned at start by ``Procs.start(cmd, cpu, ...)``. ``cpu_s`` is
+a process's user + system seconds, ``cpu_ticks``/``busy_share`` how busy each
+CPU was (any process), ``status_kb`` a ``kB`` field of ``/proc/<pid>/status``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def can_pin() -> bool:
+    """True when the machine has more than one CPU and affinity can be set."""
+    return hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1
+
+
+def pin_self(cpu: int) -> None:
+    """Pin this process to ``cpu`` when the machine has more than one."""
+    if can_pin():
+        os.sched_setaffinity(0, {cpu})
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks() -> dict[int, tuple[int, int]]:
+    """Per CPU (busy, total) jiffies from /proc/stat."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            name, *vals = line.split()
+            n = [int(v) for v in vals[:8]]
+            idle = n[3] + n[4]
+            out[int(name[3:])] = (sum(n) - idle, sum(n))
+    return out
+
+
+def busy_share(before: dict[int, tuple[int, int]], cpu: int) -> float:
+    """Share of time ``cpu`` was busy (any process) since ``before``."""
+    now = cpu_ticks()
+    busy = now[cpu][0] - before[cpu][0]
+    total = now[cpu][1] - before[cpu][1]
+    return busy / total if total else float("nan")
+
+
+def busy_all(before: dict[int, tuple[int, int]]) -> dict[str, float]:
+    """``busy_share`` of every CPU since ``before``, keyed by the CPU number as text."""
+    return {str(c): round(busy_share(before, c), 3) for c in before}
+
+
+def status_kb(pid: int, key: str) -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmHWM``, ``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0

@@ -1,0 +1,7 @@
+"""`python -m experiments.bench`."""
+
+import sys
+
+from experiments.bench.run import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""`make demo`: simulator + gateway + open-loop load with a live per-tier view."""

@@ -1,0 +1,7 @@
+"""`python -m experiments.demo`."""
+
+import sys
+
+from experiments.demo.run import main
+
+sys.exit(main())

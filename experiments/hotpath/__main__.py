@@ -1,0 +1,5 @@
+"""`python -m experiments.hotpath`."""
+
+from experiments.hotpath.run import main
+
+main()

@@ -1,0 +1,143 @@
+"""One experiment run: a fresh simulator and gateway, one open-loop load, samples.
+
+The simulator is pinned to CPU 0 together with this process (the generator),
+the gateway to CPU 1 alone (``taskset`` via ``_harness.procs.Procs``). While the
+load runs, ``/snapshot`` of the gateway's admin port is sampled every
+``SAMPLE_PERIOD_S`` (limit, in-flight, queue depth, and how long the answer
+took: the gateway's event-loop lag plus a little of ours), and the backend
+changes of the spec are applied through the simulator's ``POST /profile`` at
+their times. CPU of the gateway and the simulator come from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ballast_tools.loadgen.report import summarize
+from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
+from ballast_tools.loadgen.schedule import make_tiers
+from experiments._harness.cpu import busy_all, cpu_s, cpu_ticks
+from experiments._harness.jsonio import get_json, post_json, wait_ok
+from experiments._harness.procs import Procs
+from experiments._harness.servers import Target, start_gateway, start_sim
+from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, parse_limiter
+
+SAMPLE_PERIOD_S = 0.2
+GATEWAY_CPU, SIM_CPU, GENERATOR_CPU = 1, 0, 0
+Progress = Callable[[float], None]
+
+
+def gateway_yaml(spec: RunSpec) -> str:
+    """The gateway config of ``spec``: everything default except the limiter and early drop."""
+    algorithm, fixed = parse_limiter(spec.limiter)
+    lines = ["limiter:", f"  algorithm: {algorithm}"]
+    if fixed is not None:
+        lines.append(f"  fixed_limit: {fixed}")
+    lines += ["admission:", f"  early_drop: {str(spec.early_drop).lower()}"]
+    return "\n".join(lines) + "\n"
+
+
+async def sample_snapshots(
+    http: aiohttp.ClientSession, url: str, t0: float, out: list[list[float]]
+) -> None:
+    """Append ``[t_s, limit, inflight, queue_total, answer_ms, probing]`` every period."""
+    while True:
+        sent = time.monotonic()
+        snap = await get_json(http, url)
+        answer_ms = (time.monotonic() - sent) * 1e3
+        if snap is not None:
+            lim = snap.get("limiter", {})
+            queue = snap.get("queue", {}).get("total", 0)
+            probing = int(lim.get("algorithm_state", {}).get("state") == "probing")
+            out.append([round(sent - t0, 3), lim.get("limit", 0), lim.get("inflight", 0),
+                        queue, round(answer_ms, 2), probing])  # fmt: skip
+        await asyncio.sleep(max(0.0, SAMPLE_PERIOD_S - (time.monotonic() - sent)))
+
+
+async def apply_events(http: aiohttp.ClientSession, url: str, spec: RunSpec, t0: float) -> None:
+    """POST each profile update of ``spec`` at its time after ``t0``."""
+    for at_s, update in spec.events:
+        await asyncio.sleep(max(0.0, t0 + at_s - time.monotonic()))
+        await post_json(http, url, update)
+
+
+async def show_progress(runner: LoadRunner, progress: Progress) -> None:
+    """Report the load's elapsed seconds once a second."""
+    while True:
+        progress(runner.elapsed_s)
+        await asyncio.sleep(1.0)
+
+
+def _load_config(spec: RunSpec, target: str) -> LoadConfig:
+    tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
+    return LoadConfig(target=target, rate_rps=spec.rate_rps, duration_s=spec.duration_s,
+                      seed=spec.seed, tiers=tiers)  # fmt: skip
+
+
+async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> dict[str, Any]:
+    """Run the load against a started pair; return the raw result document."""
+    samples: list[list[float]] = []
+    pids = {"gateway": gw.pid, "sim": sim.pid}
+    async with aiohttp.ClientSession() as http:
+        await wait_ok(http, f"{sim.admin}/health")
+        await wait_ok(http, f"{gw.admin}/health")
+        runner = LoadRunner(_load_config(spec, f"{gw.base}/"))
+        cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
+        ticks0, wall0 = cpu_ticks(), time.monotonic()
+        t0 = wall0 + 0.05  # the runner starts its schedule 50 ms after run()
+        helpers = [
+            asyncio.create_task(sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples)),
+            asyncio.create_task(apply_events(http, f"{sim.admin}/profile", spec, t0)),
+            asyncio.create_task(show_progress(runner, progress)),
+        ]
+        try:
+            result = await runner.run()
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+        wall = time.monotonic() - wall0
+        cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
+        busy = busy_all(ticks0)
+        sim_stats = await get_json(http, f"{sim.admin}/stats")
+    return {
+        "spec": _spec_doc(spec),
+        "summary": summarize(result),
+        "samples": samples,
+        "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
+        "cpu_busy": busy,
+        "wall_s": round(wall, 2),
+        "sim_stats": sim_stats,
+    }
+
+
+def _spec_doc(spec: RunSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name, "scenario": spec.scenario, "limiter": spec.limiter,
+        "label": spec.label, "load_x": spec.load_x, "rate_rps": spec.rate_rps,
+        "duration_s": spec.duration_s, "k": spec.k, "workers": spec.workers,
+        "events": [list(e) for e in spec.events], "early_drop": spec.early_drop,
+        "seed": spec.seed,
+    }  # fmt: skip
+
+
+async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, Any]:
+    """Start the simulator and the gateway for ``spec``, drive it, stop both by PID."""
+    procs = Procs(work)
+    try:
+        sim = start_sim(
+            procs, SIM_CPU, name=f"{spec.name}-sim", workers=spec.workers,
+            fast_ms=FAST_MS * spec.k, slow_ms=SLOW_MS * spec.k, seed=spec.seed,
+        )  # fmt: skip
+        gw = start_gateway(procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec))
+        doc = await drive(spec, sim, gw, progress)
+    finally:
+        procs.stop_all()
+    doc["affinity"] = {"gateway": GATEWAY_CPU, "sim": SIM_CPU, "generator": GENERATOR_CPU}
+    return doc

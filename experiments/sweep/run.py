@@ -1,0 +1,196 @@
+"""``make experiment``: the load sweep, the degrading upstream and the capacity swing.
+
+    python -m experiments.sweep                 # full: ~12 min, writes docs/results.md + docs/img
+    python -m experiments.sweep --quick         # 3 short runs at 12x, < 1 min, writes runs/ only
+    python -m experiments.sweep --dilate 2      # fixed time dilation instead of measuring it
+    python -m experiments.sweep --report-only runs/exp-...   # redraw docs/ from saved raw data
+
+Every run starts a fresh simulator and gateway (pinned, see ``exp_one``),
+offers an open-loop load from this process and records the gateway's limit
+over time. **Choosing k** (``--dilate auto``, the default for the full run):
+short calibration runs of the two loads heaviest on our own processes (12x,
+mostly shed; 1,600 rps against 64 workers, all proxied) at k = 1, 1.5, 2, 3;
+the smallest k at which neither the generator (lag p99 > 10 ms or > 0.5 % not
+issued) nor the gateway (> 90 % of a core) was the bottleneck is used for
+every run. ``--quick`` uses k = 2 without calibrating (robust on a busy
+machine and fast). Raw data goes to ``runs/exp-*/`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from experiments._harness.cpu import pin_self
+from experiments._harness.machine import machine, versions
+from experiments.sweep import plan as exp_plan
+from experiments.sweep.checks import bottleneck, calibration_ok
+from experiments.sweep.metrics import metrics
+from experiments.sweep.one import GENERATOR_CPU, run_one
+from experiments.sweep.plots import plot_all
+from experiments.sweep.report import index, render, write
+from experiments.sweep.targets import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERHEAD_S = 3.0
+K_CANDIDATES = (1.0, 1.5, 2.0, 3.0)
+
+
+class Progress:
+    """One line per run: a bar with elapsed / total seconds, then the run's headline."""
+
+    def __init__(self, specs: list[exp_plan.RunSpec]) -> None:
+        self.n = len(specs)
+        self.i = 0
+        self.spec: exp_plan.RunSpec | None = None
+        self.t0 = time.monotonic()
+        self.total_s = sum(s.duration_s + OVERHEAD_S for s in specs)
+        self.tty = sys.stdout.isatty()
+
+    def start(self, spec: exp_plan.RunSpec) -> None:
+        self.i += 1
+        self.spec = spec
+        if not self.tty:
+            print(f"[{self.i:2}/{self.n}] {spec.name} ({spec.rate_rps:g} rps, "
+                  f"{spec.duration_s:g} s) ...", flush=True)  # fmt: skip
+
+    def update(self, elapsed_s: float) -> None:
+        if not self.tty or self.spec is None:
+            return
+        dur = self.spec.duration_s
+        done = min(1.0, elapsed_s / dur)
+        bar = "#" * int(done * 20) + "." * (20 - int(done * 20))
+        total = time.monotonic() - self.t0
+        print(
+            f"\r[{self.i:2}/{self.n}] {self.spec.name:<34} [{bar}] {min(elapsed_s, dur):4.0f}"
+            f"/{dur:g} s | total {_mmss(total)} / ~{_mmss(self.total_s)}",
+            end="",
+            flush=True,
+        )
+
+    def done(self, doc: dict[str, Any]) -> None:
+        m = metrics(doc)
+        flags = ", ".join(m["bottleneck"]["flags"]) or "-"
+        lim = m["limit"]
+        print(f"{chr(13) if self.tty else ''}[{self.i:2}/{self.n}] {doc['spec']['name']:<34} "
+              f"critical {m['critical_served']}/{m['critical_sent']} "
+              f"p99 {m['critical_p99_ms'] or 0:.0f} ms, served {m['served_total']}, "
+              f"limit {lim['min']}-{lim['max']}, flags {flags}"
+              f"{' ' * 10}", flush=True)  # fmt: skip
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+async def run_specs(specs: list[exp_plan.RunSpec], work: Path) -> list[dict[str, Any]]:
+    """Run ``specs`` one after the other, saving each raw document."""
+    work.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - before any load runs
+    progress = Progress(specs)
+    docs = []
+    for spec in specs:
+        progress.start(spec)
+        doc = await run_one(spec, work, progress.update)
+        (work / f"{spec.name}.json").write_text(json.dumps(doc))
+        progress.done(doc)
+        docs.append(doc)
+    return docs
+
+
+async def calibrate(work: Path) -> tuple[float, list[dict[str, Any]]]:
+    """The smallest k in K_CANDIDATES at which our own processes keep up."""
+    notes = []
+    for k in K_CANDIDATES:
+        print(f"calibrating: k = {k:g}", flush=True)
+        specs = [s.dilated(k) for s in exp_plan.calibration_plan()]
+        docs = await run_specs(specs, work / f"k{k:g}")
+        flags = sorted({f for d in docs for f in bottleneck(d)["flags"]})
+        ok = calibration_ok(docs)
+        notes.append({"k": k, "verdict": ("kept up" if ok else "too slow") +
+                      (f" ({', '.join(flags)})" if flags else "")})  # fmt: skip
+        if ok:
+            return k, notes
+    return K_CANDIDATES[-1], notes
+
+
+async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, Any]], Any]:
+    """Calibrate (or take k), run the plan, write raw data, report and plots."""
+    started = time.monotonic()
+    meta: dict[str, Any] = {"machine": machine(), "versions": versions(), "seed": exp_plan.SEED,
+                            "out_dir": str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
+                                           else out)}  # fmt: skip
+    if args.dilate == "auto":
+        k, meta["calibration"] = await calibrate(out / "calibration")
+    else:
+        k, meta["calibration"] = (
+            float(args.dilate),
+            [{"k": float(args.dilate), "verdict": "given, not measured"}],
+        )
+    meta["k"] = k
+    plan = exp_plan.quick_plan() if args.quick else exp_plan.full_plan()
+    if args.only:
+        plan = [s for s in plan if s.scenario in args.only.split(",")]
+    print(f"time dilation k = {k:g}; {len(plan)} runs", flush=True)
+    docs = await run_specs([s.dilated(k) for s in plan], out)
+    meta["total_s"] = time.monotonic() - started
+    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": docs}))
+    report(docs, meta, out, docs_dir=args.docs)
+    return docs, meta
+
+
+def report(docs: list[dict[str, Any]], meta: dict[str, Any], out: Path, *, docs_dir: bool) -> None:
+    """Plots and results.md (into docs/ for a full run, else next to the raw data)."""
+    targets = evaluate(index(docs))
+    img = ROOT / "docs" / "img" if docs_dir else out / "img"
+    plot_all(docs, img)
+    text = render(docs, meta, targets)
+    write((ROOT / "docs" / "results.md") if docs_dir else (out / "results.md"), text)
+    print("\n".join(targets), flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="3 short runs at 12x (< 1 min)")
+    p.add_argument("--dilate", default=None, help="time dilation k, or 'auto' (measure it)")
+    p.add_argument("--only", default=None, help="scenarios to run, e.g. sweep,swing")
+    p.add_argument("--out", default=None, help="raw data directory (default runs/exp-*)")
+    p.add_argument("--no-docs", action="store_true", help="full run, but keep docs/ untouched")
+    p.add_argument("--report-only", metavar="DIR", help="redraw docs/ from DIR/results.json")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; the report goes to docs/ only for a full run without --no-docs."""
+    args = _parser().parse_args(argv)
+    if args.report_only:
+        saved = json.loads((Path(args.report_only) / "results.json").read_text())
+        report(saved["runs"], saved["meta"], Path(args.report_only), docs_dir=True)
+        return 0
+    args.dilate = args.dilate or ("2" if args.quick else "auto")
+    args.docs = not (args.quick or args.no_docs or args.only)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "runs" / f"exp-{'quick-' if args.quick else ''}{stamp}"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    pin_self(GENERATOR_CPU)
+    try:
+        uvloop.run(experiment(args, out))
+    except KeyboardInterrupt:
+        print("\ninterrupted (every child process was stopped)", file=sys.stderr)
+        return 130
+    print(f"raw data: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """``python -m experiments.sweep --quick``: the experiment's qualitative shape, end to end.
 
 Three short runs at 12x overload (fixed-16, fixed-256, gradient) against the
-real simulator and gateway processes, at time dilation k = 2 so that a busy
-two-core machine still measures the backend rather than the harness. The
+real simulator and gateway processes, at time dilation k = 4 so that a two-core
+machine busy with other work still measures the backend rather than the harness. The
 thresholds keep a wide margin: the full run (``make experiment``) holds the
 precise targets.
 """

@@ -22,7 +22,7 @@ import uvloop
 
 from ballast_tools.loadgen.record import write_jsonl
 from ballast_tools.loadgen.report import format_table, summarize
-from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
+from ballast_tools.loadgen.runner import CLIENTS, LoadConfig, LoadRunner
 from ballast_tools.loadgen.schedule import make_tiers
 from ballast_tools.units import parse_duration_s
 
@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lag", type=_duration, default=0.5, help="not issued beyond (500ms)")
     p.add_argument("--grace", type=_duration, default=0.05, help="wait past deadline (50ms)")
     p.add_argument("--method", default="GET", help="HTTP method (GET)")
+    p.add_argument(
+        "--client", choices=CLIENTS, default="lean", help="lean (http://, cheapest) or aiohttp"
+    )
     p.add_argument("--json", dest="json_path", help="write the summary JSON here")
     p.add_argument("--records", help="write per-request JSONL records here")
     p.add_argument("--quiet", action="store_true", help="do not print the table")
@@ -77,6 +80,7 @@ def _config(args: argparse.Namespace) -> LoadConfig:
         grace_s=args.grace,
         method=args.method.upper(),
         keep_records=bool(args.records),
+        client=args.client,
     )
 
 

@@ -1,8 +1,11 @@
-"""The open-loop runner: aiohttp on the running loop (uvloop from the CLI).
+"""The open-loop runner on the running loop (uvloop from the CLI).
 
-One task walks the schedule and starts one request task at each intended time
+One task walks the schedule and sends one request at each intended time
 ``t0 + offset`` whether or not earlier requests returned (open loop: the
-target cannot slow the offered load down). For each request:
+target cannot slow the offered load down). Two clients: ``lean`` (default,
+``loadgen/lean.py``: HTTP/1.1 on asyncio protocols, a keep-alive pool, no task
+per request) and ``aiohttp`` (any URL, https included; about 3x the CPU per
+request). For each request:
 
 - ``lag = issue_time - intended_time`` (>= 0; the loop sleeps until a request is
   due and never sends early). Lag is recorded, counts as latency (latency is
@@ -26,14 +29,20 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 from yarl import URL
 
+from ballast_tools.loadgen.lean import LeanPool, request_prefix
 from ballast_tools.loadgen.record import Outcome, Record, RunStats, classify
 from ballast_tools.loadgen.schedule import DEFAULT_TIERS, Schedule, Tier, build_schedule
 
+CLIENTS = ("lean", "aiohttp")
+#: ``finish(i, status, reason, detail)``: request ``i`` of the schedule ended.
+Finish = Callable[[int, int, str | None, str], None]
 START_DELAY_S = 0.05
 #: uvloop rounds timer delays to whole milliseconds against a cached loop time,
 #: so a sleep can end up to ~1 ms early; sleeping this much longer (and
@@ -60,6 +69,12 @@ class LoadConfig:
     grace_s: float = 0.05
     method: str = "GET"
     keep_records: bool = False
+    #: ``lean`` (HTTP/1.1 on asyncio protocols) or ``aiohttp``.
+    client: str = "lean"
+
+    def __post_init__(self) -> None:
+        if self.client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
 
 
 @dataclass
@@ -97,36 +112,41 @@ class LoadRunner:
         self.records: list[Record] | None = [] if config.keep_records else None
         self.inflight = 0
         self.elapsed_s = 0.0
-        self._url = URL(config.target)
         self._t0 = 0.0
-        self._headers = [{"X-Priority": t.name} for t in self.schedule.tiers]
+        self._lags = [0.0] * len(self.schedule)
+        self._offering = True
+        self._drained: asyncio.Event | None = None
+        self._client: _Client = (
+            _LeanClient(config, self.schedule.tiers, self._finish)
+            if config.client == "lean"
+            else _AiohttpClient(config, self.schedule.tiers, self._finish)
+        )
 
     async def run(self) -> RunResult:
         """Offer the whole schedule, wait for the stragglers, return the result."""
-        connector = aiohttp.TCPConnector(limit=self.config.max_inflight, limit_per_host=0)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self._drained = asyncio.Event()
         started_unix, cpu0, wall0 = time.time(), time.process_time(), time.perf_counter()
+        await self._client.open()
         try:
-            await self._offer(session)
+            await self._offer()
+            self._offering = False
+            if self.inflight:
+                await self._drained.wait()
+            self.elapsed_s = time.monotonic() - self._t0
         finally:
-            await session.close()
+            await self._client.close()
         cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
         return RunResult(
             self.config, self.stats, len(self.schedule), wall_s, cpu_s, started_unix, self.records
         )
 
-    async def _offer(self, session: aiohttp.ClientSession) -> None:
-        loop = asyncio.get_running_loop()
+    async def _offer(self) -> None:
         clock = time.monotonic  # ns resolution; uvloop's loop.time() is in whole ms
         self._t0 = t0 = clock() + START_DELAY_S
-        tasks: set[asyncio.Task[None]] = set()
-        tiers, cfg = self.schedule.tiers, self.config
-        for offset, tier_id in zip(self.schedule.offsets_s, self.schedule.tier_ids, strict=True):
+        tiers, cfg, send = self.schedule.tiers, self.config, self._client.send
+        for i, (offset, tier_id) in enumerate(
+            zip(self.schedule.offsets_s, self.schedule.tier_ids, strict=True)
+        ):
             due = t0 + offset
             now = clock()
             while now < due:
@@ -140,15 +160,11 @@ class LoadRunner:
                 self._skip(tier_id, offset, lag, "inflight_cap")
             else:
                 self.inflight += 1
+                self._lags[i] = lag
                 self.stats.issued(tier_id, offset, lag)
-                task = loop.create_task(self._one(session, tier_id, offset, due, lag))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                send(i, tier_id, tiers[tier_id].deadline_s - lag)
                 if lag > BEHIND_S:
                     await asyncio.sleep(0)  # catch up one request per loop turn
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self.elapsed_s = clock() - t0
 
     def _skip(self, tier_id: int, offset: float, lag: float, why: str) -> None:
         self.stats.not_issued(tier_id, offset, why)
@@ -157,39 +173,12 @@ class LoadRunner:
             rec = Record(name, offset, lag, math.nan, 0, Outcome.NOT_ISSUED, why)
             self.records.append(rec)
 
-    async def _one(
-        self, session: aiohttp.ClientSession, tier_id: int, offset: float, due: float, lag: float
-    ) -> None:
-        tier = self.schedule.tiers[tier_id]
-        budget_s = tier.deadline_s - lag
-        headers = dict(self._headers[tier_id])
-        headers["X-Deadline-Ms"] = str(int(budget_s * 1000.0))
-        status, reason, detail = 0, None, ""
-        try:
-            async with asyncio.timeout(budget_s + self.config.grace_s):
-                async with session.request(self.config.method, self._url, headers=headers) as r:
-                    status, reason = r.status, r.headers.get("X-Ballast-Reason")
-                    await r.read()
-        except TimeoutError:
-            detail = "timeout"
-        except (aiohttp.ClientError, OSError) as exc:
-            detail = type(exc).__name__
-        finally:
-            self.inflight -= 1
-        self._done(tier_id, offset, due, lag, status, reason, detail)
-
-    def _done(
-        self,
-        tier_id: int,
-        offset: float,
-        due: float,
-        lag: float,
-        status: int,
-        reason: str | None,
-        detail: str,
-    ) -> None:
+    def _finish(self, i: int, status: int, reason: str | None, detail: str) -> None:
+        """The client's callback: request ``i`` of the schedule ended."""
+        self.inflight -= 1
+        offset, tier_id, lag = self.schedule.offsets_s[i], self.schedule.tier_ids[i], self._lags[i]
         end = time.monotonic()
-        latency = end - due
+        latency = end - (self._t0 + offset)
         tier = self.schedule.tiers[tier_id]
         if detail == "timeout":
             outcome = Outcome.EXPIRED
@@ -201,6 +190,88 @@ class LoadRunner:
         if self.records is not None:
             rec = Record(tier.name, offset, lag, latency, status, outcome, detail)
             self.records.append(rec)
+        if not self.inflight and not self._offering and self._drained is not None:
+            self._drained.set()
+
+
+class _Client(Protocol):
+    """Sends request ``i`` with ``budget_s`` left and calls ``finish(i, ...)`` once."""
+
+    async def open(self) -> None: ...
+    def send(self, i: int, tier_id: int, budget_s: float) -> None: ...
+    async def close(self) -> None: ...
+
+
+def _deadline_header(budget_s: float) -> bytes:
+    return b"X-Deadline-Ms: %d\r\n\r\n" % int(budget_s * 1000.0)
+
+
+class _LeanClient:
+    """The lean HTTP/1.1 client (``loadgen/lean.py``)."""
+
+    def __init__(self, config: LoadConfig, tiers: tuple[Tier, ...], finish: Finish) -> None:
+        self.host, self.port, prefix = request_prefix(config.target, config.method)
+        self.heads = [prefix + b"X-Priority: %s\r\n" % t.name.encode() for t in tiers]
+        self.grace_s, self.finish = config.grace_s, finish
+        self.pool: LeanPool | None = None
+
+    async def open(self) -> None:
+        self.pool = LeanPool(self.host, self.port, self.finish)
+
+    def send(self, i: int, tier_id: int, budget_s: float) -> None:
+        assert self.pool is not None
+        data = self.heads[tier_id] + _deadline_header(budget_s)
+        self.pool.send(i, data, budget_s + self.grace_s)
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+
+class _AiohttpClient:
+    """One aiohttp session; a task per request."""
+
+    def __init__(self, config: LoadConfig, tiers: tuple[Tier, ...], finish: Finish) -> None:
+        self.config, self.finish = config, finish
+        self.url = URL(config.target)
+        self.names = [t.name for t in tiers]
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.config.max_inflight, limit_per_host=0)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    def send(self, i: int, tier_id: int, budget_s: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._one(i, tier_id, budget_s))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _one(self, i: int, tier_id: int, budget_s: float) -> None:
+        assert self.session is not None
+        headers = {"X-Priority": self.names[tier_id], "X-Deadline-Ms": str(int(budget_s * 1e3))}
+        status, reason, detail = 0, None, ""
+        try:
+            async with asyncio.timeout(budget_s + self.config.grace_s):
+                async with self.session.request(self.config.method, self.url, headers=headers) as r:
+                    status, reason = r.status, r.headers.get("X-Ballast-Reason")
+                    await r.read()
+        except TimeoutError:
+            detail = "timeout"
+        except (aiohttp.ClientError, OSError) as exc:
+            detail = type(exc).__name__
+        self.finish(i, status, reason, detail)
+
+    async def close(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
 
 
 async def run_load(config: LoadConfig) -> RunResult:

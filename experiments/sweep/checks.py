@@ -48,6 +48,7 @@ def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "gen_lag_p99_ms": round(lag_p99, 2),
         "gen_not_issued_share": round(not_issued, 4),
+        "gen_not_issued": gen["not_issued"],
         "gen_cpu_us_per_request": gen["cpu_us_per_request"],
         "gateway_cpu_share": cpu.get("gateway"),
         "sim_cpu_share": cpu.get("sim"),

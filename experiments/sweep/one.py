@@ -123,7 +123,7 @@ def _spec_doc(spec: RunSpec) -> dict[str, Any]:
         "label": spec.label, "load_x": spec.load_x, "rate_rps": spec.rate_rps,
         "duration_s": spec.duration_s, "k": spec.k, "workers": spec.workers,
         "events": [list(e) for e in spec.events], "early_drop": spec.early_drop,
-        "seed": spec.seed,
+        "seed": spec.seed, "rep": spec.rep,
     }  # fmt: skip
 
 

@@ -57,17 +57,23 @@ class RunSpec:
     early_drop: bool = False
     seed: int = SEED
     tags: tuple[str, ...] = field(default=())
+    #: Repetition number (0-based): every cell is the median of its repetitions.
+    rep: int = 0
 
     @property
     def name(self) -> str:
         """Unique, file-name-safe name, e.g. ``sweep-gradient-12x``."""
         extra = "-early-drop" if self.early_drop else ""
-        return f"{self.scenario}-{self.limiter}{extra}-{self.load_x:g}x"
+        return f"{self.scenario}-{self.limiter}{extra}-{self.load_x:g}x-r{self.rep}"
 
     @property
     def label(self) -> str:
         """Row label in the tables."""
         return f"{self.limiter}{' + early drop' if self.early_drop else ''}"
+
+    def repeated(self, rep: int) -> RunSpec:
+        """The same run, repetition ``rep``."""
+        return replace(self, rep=rep)
 
     def dilated(self, k: float) -> RunSpec:
         """The same run at dilation ``k`` (rates / k; times of the simulated system x k)."""
@@ -108,10 +114,10 @@ def early_drop(duration_s: float, loads: tuple[float, ...]) -> list[RunSpec]:
 
 
 def full_plan() -> list[RunSpec]:
-    """``make experiment``: 30 runs, about 11-12 minutes."""
+    """``make experiment``: 30 runs per repetition, about 8 minutes each."""
     return [
-        *sweep(15.0, SWEEP_LOADS, SWEEP_LIMITERS),
-        *early_drop(15.0, (8, 12)),
+        *sweep(10.0, SWEEP_LOADS, SWEEP_LIMITERS),
+        *early_drop(10.0, (8, 12)),
         *degrade(24.0, ("fixed-16", "fixed-64", "fixed-256", "gradient")),
         *swing(24.0, ("fixed-16", "fixed-64", "fixed-256", "gradient")),
     ]

@@ -11,18 +11,15 @@ from typing import Any
 
 from experiments.sweep import metrics as em
 from experiments.sweep.plan import CAPACITY_1X_RPS, MODEL_CAPACITY_RPS, SWEEP_LOADS
+from experiments.sweep.reps import combine, group, median_run, spread_text
 
 NOTES_MARKER = "<!-- notes -->"
 Index = dict[tuple[str, str, float], dict[str, Any]]
 
 
 def index(docs: list[dict[str, Any]]) -> Index:
-    """Metrics by (scenario, row label, load multiple)."""
-    out: Index = {}
-    for d in docs:
-        s = d["spec"]
-        out[(s["scenario"], s["label"], s["load_x"])] = em.metrics(d)
-    return out
+    """Metrics by (scenario, row label, load multiple): medians over repetitions."""
+    return {key: combine(runs) for key, runs in group(docs).items()}
 
 
 def _labels(idx: Index, scenario: str) -> list[str]:
@@ -45,11 +42,22 @@ def sweep_table(idx: Index) -> list[str]:
         cells = [label]
         for x in loads:
             m = idx.get(("sweep", label, x))
-            ours = "not run" if m is None else em.fmt_ms(m["critical_p99_ms"]) + em.flag_text(m)
+            ours = (
+                "not run"
+                if m is None
+                else em.fmt_ms(m["critical_p99_ms"])
+                + spread_text(m, "critical_p99_ms")
+                + em.flag_text(m)
+            )
             ref_x = ref[0][SWEEP_LOADS.index(int(x))] if ref and int(x) in SWEEP_LOADS else None
             cells.append(ours + (f" ({ref_x})" if ref_x is not None else ""))
         last = idx.get(("sweep", label, loads[-1]))
-        served = "-" if last is None else f"{last['critical_served']:,} / {last['critical_sent']:,}"
+        served = (
+            "-"
+            if last is None
+            else f"{last['critical_served']:,}{spread_text(last, 'critical_served')}"
+            f" / {last['critical_sent']:,}"
+        )
         cells.append(served + (f" ({ref[1]})" if ref else ""))
         rows.append(_row(cells))
     return rows
@@ -67,8 +75,10 @@ def early_drop_table(idx: Index) -> list[str]:
                 continue
             shed = ", ".join(f"{k} {v:,}" for k, v in sorted(m["shed_by_reason"].items()))
             rows.append(_row([f"{x:g}x", on,
-                f"{m['critical_served']:,} / {m['critical_sent']:,}",
-                em.fmt_ms(m["critical_p99_ms"]) + em.flag_text(m),
+                f"{m['critical_served']:,}{spread_text(m, 'critical_served')} / "
+                f"{m['critical_sent']:,}",
+                em.fmt_ms(m["critical_p99_ms"]) + spread_text(m, "critical_p99_ms")
+                + em.flag_text(m),
                 f"{m['served_total']:,} / {m['sent_total']:,}", shed or "-",
                 f"{m['sim_late']:,}" if m["sim_late"] is not None else "-"]))  # fmt: skip
     return rows
@@ -87,7 +97,8 @@ def event_table(idx: Index, scenario: str) -> list[str]:
             continue
         served, sent = ((m["critical_served"], m["critical_sent"]) if degrade
                         else (m["served_total"], m["sent_total"]))  # fmt: skip
-        ours = f"{served:,} / {sent:,} ({served / max(1, sent):.0%})"
+        key = "critical_served" if degrade else "served_total"
+        ours = f"{served:,}{spread_text(m, key)} / {sent:,} ({served / max(1, sent):.0%})"
         scaled = f"{served * m['k']:,.0f} / {sent * m['k']:,.0f}"
         ref = ref_table.get(label, ("-", "-"))
         thirds = " / ".join(f"{n:,}" for n in m["phases"])
@@ -135,13 +146,24 @@ def header(meta: dict[str, Any]) -> list[str]:
         f"start {', '.join(str(x) for x in m['loadavg'])} (shared with other sessions: noisy).",
         f"- Python {v['python']}; {libs}.",
         f"- Seeds: simulator and schedule seed {meta['seed']} in every run; constant arrivals.",
-        "- Pinning: gateway alone on CPU 1; simulator and generator (this process, aiohttp on "
-        "uvloop, open loop) on CPU 0. A fresh simulator and gateway for every run.",
+        "- Pinning: gateway alone on CPU 1; simulator and generator (this process, the lean "
+        "HTTP/1.1 client on uvloop, open loop) on CPU 0. A fresh simulator and gateway for "
+        "every run.",
+        f"- **Every cell is the median of {meta.get('reps', 1)} run(s)**, repetitions "
+        "outermost (configurations alternate); the range over the runs is in brackets after "
+        "the median, e.g. `176 ms (170-183)`. Limit ranges and per-third counts are those of "
+        "the cell's median run.",
         f"- Backend: 8 workers, 25 / 120 ms, 5 % slow. Model capacity "
         f"{MODEL_CAPACITY_RPS:.0f} rps, measured about 264 rps; **1x = {CAPACITY_1X_RPS:.0f} "
         "rps** as in the reference (12x = 3,000 rps).",
-        f"- **Time dilation k = {k:g}** (service times and deadlines x k, rates / k; run "
-        f"lengths not dilated; latencies below divided by k). Chosen by measuring: {calib or '-'}.",
+        f"- **Time dilation k = {k:g}**"
+        + (
+            " (real time, as the reference)."
+            if k == 1
+            else " (service times and deadlines x k, rates / k; run lengths not dilated; latencies "
+            "below divided by k)."
+        )
+        + f" How k was chosen: {calib or '-'}.",
         "- Traffic 5 / 35 / 60 % critical / standard / bulk, deadlines 400 ms / 1 s / 3 s (x k). "
         "Critical p99 is from the intended send time over every completed critical request.",
         "- A cell flagged `[gen-lag]`, `[not-issued]`, `[gw-cpu]`, `[gw-loop]` or `[sim-cpu]` was "
@@ -153,10 +175,9 @@ def header(meta: dict[str, Any]) -> list[str]:
 def render(docs: list[dict[str, Any]], meta: dict[str, Any], targets: list[str]) -> str:
     """The generated part of results.md."""
     idx = index(docs)
-    for d in docs:
-        if d["spec"]["scenario"] in ("degrade", "swing"):
-            s = d["spec"]
-            idx[(s["scenario"], s["label"], s["load_x"])]["phases"] = em.served_by_phase(d)
+    for key, runs in group(docs).items():
+        if key[0] in ("degrade", "swing"):
+            idx[key]["phases"] = em.served_by_phase(median_run(runs))
     out = header(meta)
     out += ["## 1. Latency and success against offered load", "",
             "Critical p99, ours (reference in brackets).", "", *sweep_table(idx), "",

@@ -1,19 +1,23 @@
 """``make experiment``: the load sweep, the degrading upstream and the capacity swing.
 
-    python -m experiments.sweep                 # full: ~12 min, writes docs/results.md + docs/img
-    python -m experiments.sweep --quick         # 3 short runs at 12x, < 1 min, writes runs/ only
-    python -m experiments.sweep --dilate 2      # fixed time dilation instead of measuring it
+    python -m experiments.sweep                 # full: 3 x 30 runs, ~25 min, docs/results.md
+    python -m experiments.sweep --reps 1        # one run per cell (~8 min)
+    python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only
+    python -m experiments.sweep --dilate 1.5    # time dilation k (default 1: real time)
+    python -m experiments.sweep --dilate auto   # the smallest k at which our processes keep up
     python -m experiments.sweep --report-only runs/exp-...   # redraw docs/ from saved raw data
 
-Every run starts a fresh simulator and gateway (pinned, see ``exp_one``),
-offers an open-loop load from this process and records the gateway's limit
-over time. **Choosing k** (``--dilate auto``, the default for the full run):
-short calibration runs of the two loads heaviest on our own processes (12x,
-mostly shed; 1,600 rps against 64 workers, all proxied) at k = 1, 1.5, 2, 3;
-the smallest k at which neither the generator (lag p99 > 10 ms or > 0.5 % not
-issued) nor the gateway (> 90 % of a core) was the bottleneck is used for
-every run. ``--quick`` uses k = 2 without calibrating (robust on a busy
-machine and fast). Raw data goes to ``runs/exp-*/`` (gitignored).
+Every run starts a fresh simulator and gateway (pinned, see ``one.py``),
+offers an open-loop load from this process (the lean HTTP/1.1 client) and
+records the gateway's limit over time. Every cell is run ``--reps`` times
+(3 by default), repetitions outermost so configurations alternate; the
+tables show the median and the range. The full run is in **real time**
+(k = 1). ``--dilate K`` multiplies service times and deadlines by K and
+divides rates by K (see ``plan.py``); ``--dilate auto`` measures the smallest
+k in 1, 1.5, 2, 3 at which neither the generator (lag p99 > 10 ms or > 0.5 %
+not issued) nor the gateway (> 90 % of a core) was the bottleneck.
+``--quick`` uses k = 4: it checks the qualitative shape, on a shared machine
+that may be busy with other work. Raw data goes to ``runs/exp-*/`` (gitignored).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from experiments.sweep.metrics import metrics
 from experiments.sweep.one import GENERATOR_CPU, run_one
 from experiments.sweep.plots import plot_all
 from experiments.sweep.report import index, render, write
+from experiments.sweep.reps import representatives
 from experiments.sweep.targets import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,8 +142,10 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     plan = exp_plan.quick_plan() if args.quick else exp_plan.full_plan()
     if args.only:
         plan = [s for s in plan if s.scenario in args.only.split(",")]
-    print(f"time dilation k = {k:g}; {len(plan)} runs", flush=True)
-    docs = await run_specs([s.dilated(k) for s in plan], out)
+    meta["reps"] = args.reps
+    specs = [s.repeated(r).dilated(k) for r in range(args.reps) for s in plan]
+    print(f"time dilation k = {k:g}; {len(plan)} cells x {args.reps} repetitions", flush=True)
+    docs = await run_specs(specs, out)
     meta["total_s"] = time.monotonic() - started
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": docs}))
     report(docs, meta, out, docs_dir=args.docs)
@@ -147,9 +154,9 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
 
 def report(docs: list[dict[str, Any]], meta: dict[str, Any], out: Path, *, docs_dir: bool) -> None:
     """Plots and results.md (into docs/ for a full run, else next to the raw data)."""
-    targets = evaluate(index(docs))
+    targets = evaluate(index(docs), docs)
     img = ROOT / "docs" / "img" if docs_dir else out / "img"
-    plot_all(docs, img)
+    plot_all(representatives(docs), img)
     text = render(docs, meta, targets)
     write((ROOT / "docs" / "results.md") if docs_dir else (out / "results.md"), text)
     print("\n".join(targets), flush=True)
@@ -158,7 +165,8 @@ def report(docs: list[dict[str, Any]], meta: dict[str, Any], out: Path, *, docs_
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__)
     p.add_argument("--quick", action="store_true", help="3 short runs at 12x (< 1 min)")
-    p.add_argument("--dilate", default=None, help="time dilation k, or 'auto' (measure it)")
+    p.add_argument("--dilate", default=None, help="time dilation k (1; quick 4), or 'auto'")
+    p.add_argument("--reps", type=int, default=None, help="runs per cell (3; quick 1)")
     p.add_argument("--only", default=None, help="scenarios to run, e.g. sweep,swing")
     p.add_argument("--out", default=None, help="raw data directory (default runs/exp-*)")
     p.add_argument("--no-docs", action="store_true", help="full run, but keep docs/ untouched")
@@ -173,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved = json.loads((Path(args.report_only) / "results.json").read_text())
         report(saved["runs"], saved["meta"], Path(args.report_only), docs_dir=True)
         return 0
-    args.dilate = args.dilate or ("2" if args.quick else "auto")
+    args.dilate = args.dilate or ("4" if args.quick else "1")
+    args.reps = args.reps or (1 if args.quick else 3)
     args.docs = not (args.quick or args.no_docs or args.only)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = (

@@ -1,0 +1,7 @@
+"""`python -m experiments.gencost`."""
+
+import sys
+
+from experiments.gencost.run import main
+
+sys.exit(main())

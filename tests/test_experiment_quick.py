@@ -70,10 +70,10 @@ def test_gradient_limit_stays_near_the_knee(quick: tuple[dict, float, Path]) -> 
 
 
 def test_quick_mode_is_quick_and_writes_its_report(quick: tuple[dict, float, Path]) -> None:
-    """The whole quick experiment (3 runs, processes included) takes under a minute."""
+    """The whole quick experiment (3 runs of 5 s, process starts included) stays under 2 min."""
     runs, wall_s, _ = quick
     assert set(runs) == {"fixed-16", "fixed-256", "gradient"}
-    assert wall_s < 60.0
+    assert wall_s < 120.0
 
 
 def test_quick_mode_writes_report_and_plots_next_to_its_data(

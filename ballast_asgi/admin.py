@@ -32,6 +32,8 @@ SnapshotFn = Callable[[], dict[str, Any]]
 ReloadFn = Callable[[], Awaitable[tuple[bool, str]]]
 TokenFn = Callable[[], str | None]
 FlagFn = Callable[[], bool]
+#: Health hook: (status, JSON body); 503 ``draining`` during a graceful shutdown.
+HealthFn = Callable[[], tuple[int, dict[str, Any]]]
 #: Paths served without the token even when ``protect`` is on (load-balancer probes).
 _OPEN = frozenset({"/health"})
 
@@ -50,6 +52,7 @@ class AdminRouter:
         token: TokenFn = lambda: None,
         protect: FlagFn = lambda: False,
         enabled: FlagFn = lambda: True,
+        health: HealthFn = lambda: (200, {"status": "ok"}),
     ) -> None:
         if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
             raise ValueError(f"admin prefix must start and not end with '/', got {prefix!r}")
@@ -60,6 +63,7 @@ class AdminRouter:
         self._token = token
         self._protect = protect
         self._enabled = enabled
+        self._health_state = health
         self._prefix = prefix
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             f"{prefix}/metrics": self._metrics,
@@ -125,7 +129,8 @@ class AdminRouter:
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         if await _allow(scope, send, ("GET", "HEAD")):
-            await send_json(send, 200, {"status": "ok"})
+            status, body = self._health_state()
+            await send_json(send, status, body)
 
     async def _reload_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = self._token()

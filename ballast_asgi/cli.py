@@ -4,8 +4,11 @@
 serves traffic on ``--port`` and ``/metrics`` + ``/snapshot`` at the root of
 ``--admin-port``, in one process on one event loop. Both sockets are bound
 before anything starts (a port in use is one line and exit code 2), then the
-addresses are printed. SIGINT/SIGTERM stop both servers; SIGHUP reloads the
-config file (handled by the gateway).
+addresses are printed. SIGINT/SIGTERM start a graceful drain (``drain``:
+health 503 for ``server.drain_grace_ms`` while still serving, then the
+listeners close and in-flight and queued requests get
+``server.shutdown_timeout_ms``); a second signal stops at once. SIGHUP reloads
+the config file (handled by the gateway).
 
 The servers run with the ``server`` config section (``ballast_asgi.serve``):
 uvicorn's proxy-headers rewrite off, no date/server headers of its own (the
@@ -144,11 +147,15 @@ async def serve_gateway(
         config = uvicorn.Config(gateway.admin_app(), lifespan="off", **settings)
         pairs.append((_Server(config), admin))
     loop = asyncio.get_running_loop()
+    servers = [s for s, _ in pairs]
+    draining: list[asyncio.Task[None]] = []
 
     def stop() -> None:
-        for s, _ in pairs:
-            s.force_exit = s.should_exit
-            s.should_exit = True
+        if draining:  # a second signal: stop now
+            for s in servers:
+                s.force_exit = s.should_exit = True
+            return
+        draining.append(loop.create_task(drain(gateway, servers)))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
@@ -158,6 +165,22 @@ async def serve_gateway(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+
+
+async def drain(gateway: Gateway, servers: Sequence[uvicorn.Server]) -> None:
+    """Graceful shutdown: health 503 for ``drain_grace_ms`` while serving, then close.
+
+    Load balancers see the 503 and stop sending new connections; requests that
+    still come are served. Then uvicorn closes the listeners and gives the
+    in-flight and queued requests ``shutdown_timeout_ms`` to finish.
+    """
+    gateway.draining = True
+    grace_s = gateway.config.server.drain_grace_ms / 1000.0
+    print(f"ballast: draining: health answers 503; listener closes in {grace_s:g} s",
+          file=sys.stderr, flush=True)  # fmt: skip
+    await asyncio.sleep(grace_s)
+    for s in servers:
+        s.should_exit = True
 
 
 def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.socket | None]:

@@ -95,6 +95,8 @@ class Gateway:
         #: Whether the server may have rewritten ``scope["client"]`` (unknown: assume so).
         self.server_may_rewrite = True
         self._warned_rewrite = False
+        #: Set when a graceful shutdown begins: health answers 503 ``draining``.
+        self.draining = False
         self.websockets = WebSocketProxy(
             config=config.websocket,
             selector=self.proxy.selector,
@@ -109,15 +111,26 @@ class Gateway:
         stack = build_stack(self.proxy, self.parts, config, retries=True)
         if self.discovery is not None:  # lifespan starts it; 503 until a first version
             stack = self.discovery.wrap(stack)
+        return self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+
+    def _admin(self, app: ASGIApp | None, prefix: str, enabled: Any) -> AdminRouter:
         return AdminRouter(
-            stack,
+            app,
             exposition=self.metrics.exposition,
             snapshot=self.snapshot,
+            prefix=prefix,
             reload=self.reload_logged,
             token=lambda: self.config.admin.token,
             protect=lambda: self.config.admin.token_required,
-            enabled=lambda: self.config.admin.on_traffic_port,
+            enabled=enabled,
+            health=self.health,
         )
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """200 ``ok``, or 503 ``draining`` once a graceful shutdown began."""
+        if self.draining:
+            return 503, {"status": "draining"}
+        return 200, {"status": "ok"}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -180,15 +193,7 @@ class Gateway:
 
     def admin_app(self) -> AdminRouter:
         """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""
-        return AdminRouter(
-            None,
-            exposition=self.metrics.exposition,
-            snapshot=self.snapshot,
-            prefix="",
-            reload=self.reload_logged,
-            token=lambda: self.config.admin.token,
-            protect=lambda: self.config.admin.token_required,
-        )
+        return self._admin(None, "", lambda: True)
 
     @property
     def server_config(self) -> ServerConfig:

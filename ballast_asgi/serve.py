@@ -138,6 +138,7 @@ def uvicorn_settings(server: ServerConfig) -> dict[str, Any]:
         "date_header": False,
         "timeout_keep_alive": server.keep_alive_ms / 1000.0,
         "limit_concurrency": server.max_connections,
+        "timeout_graceful_shutdown": server.shutdown_timeout_ms / 1000.0,
     }
 
 
@@ -173,6 +174,8 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
         config.timeout_keep_alive = server.keep_alive_ms / 1000.0
     if config.limit_concurrency is None:
         config.limit_concurrency = server.max_connections
+    if config.timeout_graceful_shutdown is None:
+        config.timeout_graceful_shutdown = server.shutdown_timeout_ms / 1000.0
     return True
 
 

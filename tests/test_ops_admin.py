@@ -193,3 +193,34 @@ async def test_install_on_a_mounted_app_serves_admin_under_the_mount() -> None:
         assert r.status_code == 200 and r.json() == {"status": "ok"}
         assert (await c.get("/sub/hello")).text == "hi"
         assert json.loads((await c.get("/sub/_ballast/snapshot")).text)["limiter"]
+
+
+async def test_health_turns_503_while_draining() -> None:
+    """gateway.draining: health answers 503 draining on both ports; traffic is still served."""
+    seen = Seen()
+    gw = _gateway(seen)
+    gw.draining = True
+    async with _client(gw) as c:
+        r = await c.get("/_ballast/health")
+        assert (r.status_code, r.json()) == (503, {"status": "draining"})
+        assert (await c.get("/x")).status_code == 200
+    async with _client(gw.admin_app()) as c:
+        assert (await c.get("/health")).status_code == 503
+
+
+async def test_failed_http_reload_is_logged(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rejected POST /_ballast/reload prints one line naming the problem."""
+    path = tmp_path / "gw.yaml"
+    path.write_text("upstream: http://up.test\nadmin: {token: s3cret}\n")
+    from ballast_asgi.config import load_config
+
+    gw = build_gateway(load_config(env={}, path=path), transport=httpx.MockTransport(Seen()),
+                       config_path=path, env={})  # fmt: skip
+    path.write_text("upstream: http://up.test\nadmin: {token: s3cret}\nlimiter: {min_limit: 0}\n")
+    async with _client(gw) as c:
+        r = await c.post("/_ballast/reload", headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 422
+    err = capsys.readouterr().err
+    assert "ballast: reload rejected:" in err and "limiter.min_limit" in err

@@ -280,6 +280,10 @@ class ServerConfig(_Frozen):
     max_header_bytes: int = Field(65_536, ge=1_024, le=16 * 1024 * 1024)
     #: Open connections (and running requests) above which uvicorn answers 503.
     max_connections: int = Field(10_000, ge=1, le=1_000_000)
+    #: On SIGTERM: health answers 503 ``draining`` and traffic is still served this long.
+    drain_grace_ms: int = Field(5_000, ge=0, le=600_000)
+    #: Then the listener closes; in-flight and queued requests get this long to finish.
+    shutdown_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
 
 
 class WebSocketConfig(_Frozen):

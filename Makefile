@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-quick bench clean system-deps
+.PHONY: venv test lint typecheck pytest demo experiment experiment-quick experiment-ratelimit bench clean system-deps
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -38,6 +38,12 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) \
 	    >/dev/null 2>&1 || echo "warning: could not install etcd-server; discovery tests will fail"; \
 	fi
+	@if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing redis-server (Debian) for the rate-limit tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) \
+	    >/dev/null 2>&1 || echo "warning: could not install redis-server; rate-limit tests fail"; \
+	fi
 
 pytest: $(STAMP) system-deps
 	$(PY) -m pytest -q
@@ -55,6 +61,10 @@ experiment-quick: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+
+# Rate limits across two gateways sharing Redis (docs/ratelimit.md); a few minutes.
+experiment-ratelimit: $(STAMP) system-deps
+	$(PY) -m experiments.ratelimit.run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

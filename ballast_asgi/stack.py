@@ -32,7 +32,10 @@ from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
+from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.ratelimit.metrics import RateLimitCollector
+from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 
 
 @dataclass(eq=False)
@@ -49,6 +52,8 @@ class Parts:
     rng: random.Random
     #: The held-requests / buffered-bytes cap (CapacityMiddleware).
     capacity: Capacity | None = None
+    #: Per-key rate limits (RateLimitMiddleware); built even when disabled, started lazily.
+    ratelimit: RateLimitRuntime | None = None
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Every collaborator's state as one JSON-safe document."""
@@ -63,6 +68,7 @@ class Parts:
                 "would_shed": _shed_counts(self.metrics, self.metrics.dry_run_shed),
             },
             "capacity": self.capacity.snapshot() if self.capacity else None,
+            "rate_limit": self.ratelimit.snapshot() if self.ratelimit else None,
         }
 
 
@@ -105,6 +111,7 @@ def build_parts(
     )
     responder.drain_estimate = make_drain_estimate(queue, limiter, clock)
     responder.dry_run = config.load_shed_dry_run
+    ratelimit = _make_ratelimit(config, metrics, clock)
     return Parts(
         metrics=metrics,
         responder=responder,
@@ -115,6 +122,7 @@ def build_parts(
         clock=clock,
         rng=rng,
         capacity=_make_capacity(config),
+        ratelimit=ratelimit,
     )
 
 
@@ -151,6 +159,8 @@ def build_stack(inner: ASGIApp, parts: Parts, config: GatewayConfig, *, retries:
     if parts.capacity is None:
         parts.capacity = _make_capacity(config)
     app = CapacityMiddleware(app, capacity=parts.capacity, responder=parts.responder)
+    if config.rate_limit.enabled and parts.ratelimit is not None:
+        app = RateLimitMiddleware(app, runtime=parts.ratelimit, responder=parts.responder)
     early = EarlyDropEstimator(parts.limiter, parts.queue) if config.admission.early_drop else None
     return AdmissionMiddleware(
         app,
@@ -187,6 +197,18 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         parts.breaker = Breaker.from_config(new.breaker)
     if new.retry != old.retry:
         parts.budget = RetryBudget.from_config(new.retry)
+    if parts.ratelimit is not None and new.rate_limit != old.rate_limit:
+        parts.ratelimit.reconfigure(new.rate_limit, new.priority.consumers.header)
+
+
+def _make_ratelimit(config: GatewayConfig, metrics: Metrics, clock: Clock) -> RateLimitRuntime:
+    runtime = RateLimitRuntime(
+        config.rate_limit, consumer_header=config.priority.consumers.header, clock=clock
+    )
+    metrics.registry.register(
+        RateLimitCollector(lambda: runtime.limiter if runtime.config.enabled else None)
+    )
+    return runtime
 
 
 def _make_capacity(config: GatewayConfig) -> Capacity:

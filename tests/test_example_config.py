@@ -28,7 +28,13 @@ from ballast_asgi.core.priority import Priority
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLE = EXAMPLES / "ballast.example.yaml"
 #: Keys whose example value is deliberately not the default.
-ILLUSTRATIVE = {("upstream",), ("priority", "rules"), ("discovery",)}
+ILLUSTRATIVE = {
+    ("upstream",),
+    ("priority", "rules"),
+    ("discovery",),
+    ("rate_limit", "routes"),
+    ("rate_limit", "overrides"),
+}
 
 Key = tuple[str, ...]
 

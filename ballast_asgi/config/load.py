@@ -157,6 +157,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         if not 1 <= value <= 100_000:
             raise ConfigError(f"BALLAST_FIXED_LIMIT: must be in 1..100000 (got {value})")
         out["limiter.fixed_limit"] = value
+    if env.get("BALLAST_REDIS_URL"):
+        out["rate_limit.redis_url"] = env["BALLAST_REDIS_URL"]
     return out
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ballast_asgi.core.priority import Priority, parse_priority_name
+from ballast_asgi.ratelimit.config import RateLimitConfig
 
 LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
 LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradient2")
@@ -381,6 +382,8 @@ class GatewayConfig(_Frozen):
     discovery: DiscoveryConfig | None = None
     server: ServerConfig = ServerConfig()
     websocket: WebSocketConfig = WebSocketConfig()
+    #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
+    rate_limit: RateLimitConfig = RateLimitConfig()
 
     @field_validator("upstream")
     @classmethod

@@ -35,6 +35,7 @@ class ShedReason(enum.StrEnum):
     LIMIT = "limit"
     CAPACITY = "capacity"
     BREAKER_OPEN = "breaker_open"
+    RATE_LIMITED = "rate_limited"
 
 
 class AttemptOutcome(enum.Enum):

@@ -1,0 +1,96 @@
+"""RateLimitMiddleware: refuse a request over its key's rate limit before it is queued.
+
+Placed inside admission (after the tier and deadline are known) and outside
+the capacity cap and the queue: a refused request never holds a queue slot, a
+permit or upstream work. The refusal goes through the shared ``ShedResponder``
+(status, ``X-Ballast-Reason: rate_limited``, dry-run) with ``Retry-After`` from
+the bucket's refill time, plus the IETF headers
+(draft-ietf-httpapi-ratelimit-headers)::
+
+    RateLimit-Policy: "default";q=1000;w=1
+    RateLimit: "default";r=0;t=1
+
+``q``/``w`` state the sustained rate as a quota per window, ``r`` the whole
+tokens left and ``t`` the seconds until the next request would be admitted.
+On ``lifespan.shutdown`` the driver stops its loops and closes its connections.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
+from ballast_asgi.middleware.context import find_context
+from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.ratelimit.core.gcra import Decision, Limits
+from ballast_asgi.ratelimit.runtime import RateLimitRuntime
+
+
+class RateLimitMiddleware:
+    """Per-key rate limits (local or shared through Redis)."""
+
+    def __init__(
+        self, app: ASGIApp, *, runtime: RateLimitRuntime, responder: ShedResponder
+    ) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.responder = responder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Decide, then pass the request on or refuse it."""
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                receive = self._closing_on_shutdown(receive)
+            await self.app(scope, receive, send)
+            return
+        rt = self.runtime
+        key, limits = rt.resolver.resolve(scope)
+        decision = await rt.limiter.decide(key, limits)
+        if decision.allowed:
+            await self.app(scope, receive, send)
+            return
+        ctx = find_context(scope)
+        priority = ctx.priority if ctx is not None else Priority.STANDARD
+        retry_after = max(1, math.ceil(decision.retry_after_s))
+        with_headers = _add_headers(send, rate_limit_headers(decision, retry_after))
+        if await self.responder.refuse(
+            with_headers, ctx, ShedReason.RATE_LIMITED, priority, retry_after
+        ):
+            return
+        await self.app(scope, receive, send)
+
+    def _closing_on_shutdown(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.shutdown":
+                await self.runtime.close()
+            return message
+
+        return wrapped
+
+
+def policy_header(limits: Limits) -> bytes:
+    """``RateLimit-Policy`` for one bucket: its sustained rate as quota per window."""
+    if limits.rate_per_s >= 1:
+        quota, window = round(limits.rate_per_s), 1
+    else:
+        quota, window = 1, math.ceil(1 / limits.rate_per_s)
+    return f'"{limits.name}";q={quota};w={window}'.encode()
+
+
+def rate_limit_headers(decision: Decision, reset_s: int) -> list[tuple[bytes, bytes]]:
+    """The IETF ``RateLimit-Policy`` and ``RateLimit`` headers for a decision."""
+    name = decision.limits.name
+    state = f'"{name}";r={decision.remaining};t={reset_s}'.encode()
+    return [(b"ratelimit-policy", policy_header(decision.limits)), (b"ratelimit", state)]
+
+
+def _add_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return wrapped

@@ -1,0 +1,1 @@
+"""Pure rate-limit policy: standard library only, time passed in as ``now``."""

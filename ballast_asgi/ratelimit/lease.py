@@ -1,0 +1,182 @@
+"""``lease`` mode: take tokens from the shared bucket in batches, decide locally.
+
+Per key a gateway holds a lease: whole tokens already taken from the shared
+Redis bucket (so spending them needs no call) that lapse ``ttl_s`` after the
+grant; unspent tokens then go back (``GIVE_BACK``). The batch size is what this
+gateway spent recently in one lease window (``accounting.lease_size``), capped
+by ``max_tokens`` (default: the burst divided by the live gateways, so one
+gateway cannot hold the whole bucket).
+
+When the lease falls below a quarter of its size a refill starts in the
+background, so the request path rarely waits. A request that finds no tokens
+waits for the refill at most ``redis_timeout_ms``. When Redis grants nothing
+the bucket is empty: the gateway refuses locally until Redis says the next
+``min_tokens`` exist (no call in between). When Redis does not answer, the
+request is decided on the gateway's share and charged back later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ballast_asgi.ratelimit.core.accounting import RateEstimate, lease_size
+from ballast_asgi.ratelimit.core.gcra import Decision, Limits
+from ballast_asgi.ratelimit.core.table import KeyTable
+from ballast_asgi.ratelimit.shared import Missed, SharedBase
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """One key's lease on this gateway."""
+
+    tokens: int = 0
+    size: int = 0
+    expires: float = 0.0
+    empty_until: float = 0.0
+    pending: asyncio.Future[None] | None = None
+    demand: RateEstimate = field(default_factory=lambda: RateEstimate(0.5))
+
+
+def _lease_debt(lease: Lease, now: float) -> bool:
+    return lease.tokens > 0 or lease.pending is not None
+
+
+class LeaseLimiter(SharedBase):
+    """The ``lease`` mode driver."""
+
+    mode = "lease"
+
+    def __init__(
+        self,
+        *args: Any,
+        window_s: float = 0.1,
+        ttl_s: float = 0.25,
+        min_tokens: int = 1,
+        max_tokens: int | None = None,
+        max_keys: int = 10_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, max_keys=max_keys, **kwargs)
+        self.window_s = window_s
+        self.ttl_s = ttl_s
+        self.min_tokens = min_tokens
+        self.max_tokens = max_tokens
+        self.leases: KeyTable[Lease] = KeyTable(max_keys, _lease_debt)
+        #: Keys holding unspent tokens, with the limits they were leased under.
+        self._holding: dict[str, Limits] = {}
+
+    def start_loops(self) -> None:
+        """Give back expired leases of keys that went quiet."""
+        self.spawn(self._every(self.ttl_s, self.sweep))
+
+    async def sweep(self) -> None:
+        """Return the tokens of every lease past its expiry."""
+        now = self.clock()
+        for key, limits in list(self._holding.items()):
+            lease = self.leases.peek(key)
+            if lease is None:
+                self._holding.pop(key, None)
+            elif now >= lease.expires:
+                self._give_back(key, lease, limits)
+
+    async def decide(self, key: str, limits: Limits) -> Decision:
+        """Spend from the lease; refill (waiting at most the Redis timeout) when it is empty."""
+        self.ensure_started()
+        now = self.clock()
+        lease = self.leases.get(key)
+        if lease is None:
+            lease = Lease()
+            self.leases.put(key, lease, now)
+        lease.demand.add(now)
+        deadline = now + self.timeout_s
+        while True:
+            if lease.tokens > 0 and now >= lease.expires:
+                self._give_back(key, lease, limits)
+            if lease.tokens > 0:
+                return self._spend(key, lease, limits, now)
+            if now < lease.empty_until:
+                self.stats.decided(False, "local")
+                retry = lease.empty_until - now
+                return Decision(False, 0, retry, retry, limits)
+            if lease.pending is None:
+                lease.pending = asyncio.get_running_loop().create_future()
+                self.spawn(self._refill(key, lease, limits))
+            try:
+                await asyncio.wait_for(asyncio.shield(lease.pending), max(0.0, deadline - now))
+            except (TimeoutError, Missed):
+                return self.degrade(key, limits, self.clock())
+            now = self.clock()
+            if now >= deadline and lease.tokens == 0 and now >= lease.empty_until:
+                return self.degrade(key, limits, now)
+
+    def _spend(self, key: str, lease: Lease, limits: Limits, now: float) -> Decision:
+        lease.tokens -= 1
+        if lease.tokens == 0:
+            self._holding.pop(key, None)
+        if lease.tokens * 4 < lease.size and lease.pending is None:
+            lease.pending = asyncio.get_running_loop().create_future()
+            self.spawn(self._refill(key, lease, limits))
+        self.stats.decided(True, "local")
+        return Decision(True, lease.tokens, 0.0, 0.0, limits)
+
+    def size_for(self, lease: Lease, limits: Limits, now: float) -> int:
+        """Tokens to ask for: recent spend over one window, within the bounds."""
+        cap = self.max_tokens or max(1, limits.burst // max(1, self.live))
+        return lease_size(lease.demand.rate(now), self.window_s, self.min_tokens, cap)
+
+    async def _refill(self, key: str, lease: Lease, limits: Limits) -> None:
+        """One lease call; wakes every waiter (with ``Missed`` when Redis did not answer)."""
+        future = lease.pending
+        assert future is not None
+        now = self.clock()
+        want = self.size_for(lease, limits, now)
+        self.stats.lease_requests += 1
+        self.stats.last_lease_size = want
+        args = (repr(limits.interval_s), repr(limits.tau_s), want)
+        try:
+            granted, debt = await self.background("lease", [self.key("b", key)], args)
+        except Missed as exc:
+            lease.pending = None
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters that timed out never see it
+            return
+        self._grant(key, lease, int(granted), float(debt), limits, want)
+        lease.pending = None
+        future.set_result(None)
+
+    def _grant(
+        self, key: str, lease: Lease, granted: int, debt: float, limits: Limits, want: int
+    ) -> None:
+        now = self.clock()
+        self.stats.lease_tokens_granted += granted
+        lease.size = max(want, 1)
+        if granted:
+            self._holding[key] = limits
+            lease.tokens += granted
+            lease.expires = now + self.ttl_s
+            return
+        wait = debt + self.min_tokens * limits.interval_s - limits.tau_s
+        lease.empty_until = now + max(limits.interval_s, wait)
+
+    def _give_back(self, key: str, lease: Lease, limits: Limits) -> None:
+        count, lease.tokens = lease.tokens, 0
+        self._holding.pop(key, None)
+        if count <= 0:
+            return
+        self.stats.lease_tokens_returned += count
+        args = (repr(limits.interval_s), repr(limits.tau_s), count)
+        self.spawn(self._quiet(self.background("give_back", [self.key("b", key)], args)))
+
+    async def _quiet(self, coro: Any) -> None:
+        try:
+            await coro
+        except Missed:
+            return
+
+    def snapshot(self) -> dict[str, Any]:
+        """The shared snapshot plus the lease table."""
+        doc = super().snapshot()
+        doc["lease_keys"] = self.leases.snapshot()
+        return doc

@@ -1,0 +1,50 @@
+"""``redis`` mode: one atomic GCRA script per request (``EVALSHA``), exact across gateways.
+
+The request waits at most ``redis_timeout_ms`` (default 2 ms) for the answer.
+On a miss, an error or an open breaker it is decided on this gateway's share
+(``SharedBase.degrade``) and, if admitted, charged back later. A late answer
+is reconciled: if Redis admitted it too, the shared bucket already counted it
+(the pending charge is cancelled); if Redis refused it, the charge stands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ballast_asgi.ratelimit.core.gcra import Decision, Limits
+from ballast_asgi.ratelimit.shared import Missed, SharedBase
+
+
+class RedisLimiter(SharedBase):
+    """The ``redis`` mode driver."""
+
+    mode = "redis"
+
+    async def decide(self, key: str, limits: Limits) -> Decision:
+        """Ask Redis; fall back to the local share within the deadline."""
+        self.ensure_started()
+        now = self.clock()
+        args = (repr(limits.interval_s), repr(limits.tau_s), 1)
+        decided: list[Decision] = []
+
+        def late(result: Any) -> None:
+            if result is not None and int(result[0]) and decided and decided[0].allowed:
+                self.charges.add(key, now, limits.interval_s, -1)
+
+        try:
+            allowed, debt = await self.call("gcra", [self.key("b", key)], args, on_late=late)
+        except Missed:
+            decision = self.degrade(key, limits, now)
+            decided.append(decision)
+            return decision
+        decision = from_debt(bool(int(allowed)), float(debt), limits)
+        self.stats.decided(decision.allowed, "redis")
+        return decision
+
+
+def from_debt(allowed: bool, debt_s: float, limits: Limits) -> Decision:
+    """A ``Decision`` from the script's reply (``debt_s`` = tat - now after the decision)."""
+    left = (limits.tau_s - debt_s) * limits.rate_per_s
+    remaining = max(0, int(left + 1e-9))
+    retry = 0.0 if remaining >= 1 else max(0.0, debt_s + limits.interval_s - limits.tau_s)
+    return Decision(allowed, remaining, retry, max(0.0, debt_s), limits)

@@ -1,0 +1,145 @@
+"""The Lua scripts the shared modes run on Redis (``EVALSHA``), one atomic step each.
+
+Every script reads the time from Redis itself (``TIME``), so the gateways'
+own clocks never have to agree. A bucket is one string key holding its
+theoretical arrival time ``tat`` (seconds, Redis clock) with a ``PX`` expiry
+at the moment it would be full again: an idle key costs no memory. The math
+is ``core/gcra.py``'s, line for line. Floats go out as strings (Lua numbers
+would be truncated to integers in the reply).
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local T = tonumber(ARGV[1])
+local tau = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or 0)
+if tat < now then tat = now end
+local function store(v)
+  if v > now then
+    redis.call('SET', KEYS[1], string.format('%.6f', v), 'PX', math.ceil((v - now) * 1000) + 1)
+  end
+end
+"""
+
+#: GCRA for one request. ARGV: T, tau, cost. Reply: {allowed 0/1, debt_s}.
+GCRA = (
+    _PRELUDE
+    + """
+local new = tat + tonumber(ARGV[3]) * T
+if new - now <= tau + 1e-9 then
+  store(new)
+  return {1, string.format('%.6f', new - now)}
+end
+return {0, string.format('%.6f', tat - now)}
+"""
+)
+
+#: Lease: take up to ARGV[3] whole tokens. Reply: {granted, debt_s}.
+LEASE = (
+    _PRELUDE
+    + """
+local have = math.floor((tau - (tat - now)) / T + 1e-9)
+local g = math.min(tonumber(ARGV[3]), have)
+if g < 0 then g = 0 end
+if g > 0 then
+  tat = tat + g * T
+  store(tat)
+end
+return {g, string.format('%.6f', tat - now)}
+"""
+)
+
+#: Give back ARGV[3] unspent tokens (never below a full bucket). Reply: debt_s.
+GIVE_BACK = (
+    _PRELUDE
+    + """
+local back = tat - tonumber(ARGV[3]) * T
+if back < now then back = now end
+if back > now then store(back) else redis.call('DEL', KEYS[1]) end
+return string.format('%.6f', back - now)
+"""
+)
+
+#: Charge-back: ARGV[3] requests admitted alone since ARGV[4] seconds ago, never refused.
+#: Reply: 1 if charged, 0 if the bucket had refilled meanwhile (expired).
+CHARGE = (
+    _PRELUDE
+    + """
+local since = now - tonumber(ARGV[4])
+local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
+local base = stored
+if since > base then base = since end
+local charged = base + tonumber(ARGV[3]) * T
+if charged > now and charged > stored then
+  store(charged)
+  return 1
+end
+return 0
+"""
+)
+
+#: Sync: charge ARGV[3] requests admitted locally, publish this gateway's demand
+#: (ARGV[4] id, ARGV[5] requests/s; entries older than ARGV[6] s are dropped),
+#: hand this gateway its part (ARGV[7], a share 0..1) of any excess over the
+#: limit as debt; ARGV[8]: seconds since the last sync (the charged requests are spread
+#: over it, so after an outage a bucket that refilled meanwhile is not charged twice).
+#: KEYS[2] is the demand hash. Reply: {total_demand, live, debt_taken_s}.
+SYNC = (
+    _PRELUDE
+    + """
+local since = now - tonumber(ARGV[8])
+local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
+if since > stored then stored = since end
+tat = stored + tonumber(ARGV[3]) * T
+if tat < now then tat = now end
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[5] .. ':' .. string.format('%.6f', now))
+redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[6]) * 1000))
+local total, live = 0, 0
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local sep = string.find(all[i + 1], ':', 1, true)
+  local rate = tonumber(string.sub(all[i + 1], 1, sep - 1))
+  local seen = tonumber(string.sub(all[i + 1], sep + 1))
+  if now - seen > tonumber(ARGV[6]) then
+    redis.call('HDEL', KEYS[2], all[i])
+  else
+    total = total + rate
+    live = live + 1
+  end
+end
+local taken = 0
+local excess = (tat - now) - tau
+if excess > 0 then
+  taken = excess * tonumber(ARGV[7])
+  tat = tat - taken
+end
+store(tat)
+return {string.format('%.6f', total), live, string.format('%.6f', taken)}
+"""
+)
+
+#: Heartbeat: ZSET of gateway ids scored by last-seen time. ARGV: id, ttl_s. Reply: live count.
+HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 2000))
+return redis.call('ZCARD', KEYS[1])
+"""
+
+#: Leave: remove this gateway from the heartbeat set at shutdown. ARGV: id.
+LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
+
+SCRIPTS = {
+    "gcra": GCRA,
+    "lease": LEASE,
+    "give_back": GIVE_BACK,
+    "charge": CHARGE,
+    "sync": SYNC,
+    "heartbeat": HEARTBEAT,
+    "leave": LEAVE,
+}

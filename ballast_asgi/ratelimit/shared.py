@@ -1,0 +1,240 @@
+"""What the three Redis-backed modes share: calls under a deadline, the breaker,
+the fallback share, charge-back and the heartbeats that count live gateways.
+
+A call on the request path gets ``timeout_s`` (``redis_timeout_ms``). The call
+is not cancelled when it misses that deadline (cancelling a redis-py call
+throws its connection away): the request is decided on this gateway's share
+at once, the call finishes in the background, and ``on_late`` reconciles its
+answer with what was decided. A miss and an error both count as failures for
+the breaker. While the breaker is open no call is made at all.
+
+The fallback share is ``limit / live gateways`` (``Limits.scaled``), learned
+from heartbeats: each gateway adds itself to a sorted set every
+``heartbeat_s`` and counts the members seen within ``3 * heartbeat_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ballast_asgi.core.types import Clock
+from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
+from ballast_asgi.ratelimit.core.accounting import ChargeBook
+from ballast_asgi.ratelimit.core.breaker import Breaker, RedisBreaker
+from ballast_asgi.ratelimit.core.gcra import Decision, Limits
+from ballast_asgi.ratelimit.local import LocalBuckets
+from ballast_asgi.ratelimit.stats import RateLimitStats
+
+#: Background calls (heartbeat, sync, give-back, charge-back) may take this long.
+BACKGROUND_TIMEOUT_S = 0.5
+
+
+class Missed(Exception):
+    """A request-path call did not answer within its deadline (or failed)."""
+
+
+class SharedBase:
+    """Base of the ``redis``, ``lease`` and ``sync`` drivers."""
+
+    mode = "shared"
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        prefix: str = "ballast:rl",
+        timeout_s: float = 0.002,
+        max_keys: int = 10_000,
+        breaker: Breaker | None = None,
+        heartbeat_s: float = 0.5,
+        charge_back: bool = True,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.breaker: Breaker = breaker if breaker is not None else RedisBreaker()
+        self.heartbeat_s = heartbeat_s
+        self.charge_back = charge_back
+        self.clock = clock
+        self.id = uuid.uuid4().hex[:12]
+        self.stats = RateLimitStats()
+        self.fallback = LocalBuckets(max_keys)
+        self.charges = ChargeBook(max_keys)
+        self.live = 1
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._flushing = False
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------
+    def ensure_started(self) -> None:
+        """Start the background loops on first use, in the running loop."""
+        if not self._started and not self._closed:
+            self._started = True
+            self.spawn(self._warm_then_beat())
+            self.start_loops()
+
+    async def _warm_then_beat(self) -> None:
+        with contextlib.suppress(RedisUnavailable, TimeoutError):
+            await asyncio.wait_for(self.client.warm_up(), BACKGROUND_TIMEOUT_S)
+        await self._every(self.heartbeat_s, self.heartbeat)
+
+    def start_loops(self) -> None:
+        """Mode-specific background loops (none by default)."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _every(self, period_s: float, step: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        while not self._closed:
+            with contextlib.suppress(RedisUnavailable, Missed):
+                await step()
+            await asyncio.sleep(period_s)
+
+    async def close(self) -> None:
+        """Stop the loops, leave the heartbeat set, close the pool."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(RedisUnavailable, TimeoutError):
+            await asyncio.wait_for(self.client.run("leave", [self.key("gw")], [self.id]), 0.2)
+        await self.client.close()
+
+    # -- calls --------------------------------------------------------------
+    def key(self, *parts: str) -> str:
+        """A namespaced Redis key (``{prefix}`` hash-tagged for a cluster)."""
+        return ":".join(("{" + self.prefix + "}", *parts))
+
+    async def call(
+        self,
+        op: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        on_late: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """One script call under the breaker and a deadline; raise ``Missed`` when it fails."""
+        now = self.clock()
+        if not self.breaker.allow(now):
+            raise Missed("breaker open")
+        task = asyncio.get_running_loop().create_task(self._timed(op, keys, args))
+        done, _ = await asyncio.wait((task,), timeout=timeout_s or self.timeout_s)
+        if not done:
+            self.breaker.record(False, self.clock())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda t: self._late(op, t, on_late))
+            raise Missed("deadline")
+        exc = task.exception()
+        self.breaker.record(exc is None, self.clock())
+        if exc is not None:
+            raise Missed(str(exc)) from exc
+        if len(self.charges) and not self._flushing:
+            self.spawn(self.flush_charges())
+        return task.result()
+
+    async def _timed(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        start = time.perf_counter()
+        try:
+            result = await self.client.run(op, keys, args)
+        except RedisUnavailable:
+            self.stats.call(op, "error", None)
+            raise
+        self.stats.call(op, "ok", time.perf_counter() - start)
+        return result
+
+    def _late(
+        self, op: str, task: asyncio.Task[Any], on_late: Callable[[Any], None] | None
+    ) -> None:
+        self.stats.redis_calls[(op, "late")] += 1
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if on_late is not None:
+            on_late(None if exc is not None else task.result())
+
+    async def background(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A call off the request path (longer deadline, still under the breaker)."""
+        return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S)
+
+    # -- degraded decisions and charge-back -----------------------------------
+    def degrade(self, key: str, limits: Limits, now: float) -> Decision:
+        """Decide on this gateway's share; remember what was admitted for charge-back."""
+        decision = self.fallback.decide(key, limits.scaled(1.0 / max(1, self.live)), now)
+        if decision.allowed and self.charge_back:
+            self.charges.add(key, now, limits.interval_s)
+        self.stats.decided(decision.allowed, "degraded")
+        return _degraded(decision, limits)
+
+    async def flush_charges(self) -> None:
+        """Charge what was admitted alone to the shared buckets, in one pipeline."""
+        self._flushing = True
+        try:
+            now = self.clock()
+            items = self.charges.drain(now, max_age_s=60.0)
+            calls = [
+                ("charge", [self.key("b", k)], [interval, 0, n, f"{age:.6f}"])
+                for k, n, age, interval in items
+            ]
+            if not calls:
+                return
+            try:
+                results = await asyncio.wait_for(self.client.run_many(calls), BACKGROUND_TIMEOUT_S)
+            except (RedisUnavailable, TimeoutError):
+                self.charges.restore(items, now)
+                return
+            for (_, n, _, _), charged in zip(items, results, strict=True):
+                if int(charged):
+                    self.stats.charged_back += n
+                else:
+                    self.stats.charge_lapsed += n
+        finally:
+            self._flushing = False
+
+    # -- heartbeats -----------------------------------------------------------
+    async def heartbeat(self) -> None:
+        """Announce this gateway and learn how many are alive."""
+        live = await self.background("heartbeat", [self.key("gw")], [self.id, 3 * self.heartbeat_s])
+        self.live = max(1, int(live))
+
+    def live_gateways(self) -> int:
+        """Gateways seen by the last heartbeat (1 until the first answer)."""
+        return self.live
+
+    def breaker_state(self) -> str:
+        """closed, open or half_open."""
+        return self.breaker.state(self.clock())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Mode, breaker, live gateways, pending charge-back, fallback table and counts."""
+        return {
+            "mode": self.mode,
+            "gateway_id": self.id,
+            "live_gateways": self.live,
+            "breaker": self.breaker_state(),
+            "pending_charge_back_keys": len(self.charges),
+            "fallback_keys": self.fallback.table.snapshot(),
+            **self.stats.snapshot(),
+        }
+
+
+def _degraded(decision: Decision, limits: Limits) -> Decision:
+    return Decision(
+        decision.allowed,
+        decision.remaining,
+        decision.retry_after_s,
+        decision.reset_s,
+        limits,
+        degraded=True,
+    )

@@ -1,0 +1,1 @@
+"""Rate limits shared through Redis: the experiment (``make experiment-ratelimit``)."""

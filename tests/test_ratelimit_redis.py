@@ -1,0 +1,191 @@
+"""The shared modes against a real redis-server on a free loopback port (no fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
+from ballast_asgi.ratelimit.config import RateLimitConfig
+from ballast_asgi.ratelimit.core.gcra import Limits
+from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
+from experiments.ratelimit.delayproxy import DelayProxy
+from experiments.ratelimit.redisproc import RedisProcess, free_port, redis_server, start_redis
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisProcess]:
+    """One redis-server for the module, stopped by PID at the end."""
+    with redis_server() as server:
+        yield server
+
+
+def _limiter(url: str, mode: str, prefix: str, **extra: Any) -> RateLimiter:
+    cfg = RateLimitConfig(enabled=True, mode=mode, redis_url=url, key_prefix=prefix, **extra)  # type: ignore[arg-type]
+    return make_limiter(cfg)
+
+
+async def _drive(limiters: list[RateLimiter], n: int, limits: Limits, gap_s: float = 0.0) -> int:
+    admitted = 0
+    for i in range(n):
+        decision = await limiters[i % len(limiters)].decide("k", limits)
+        admitted += decision.allowed
+        if gap_s:
+            await asyncio.sleep(gap_s)  # pacing the offered load, not waiting for a result
+    return admitted
+
+
+@pytest.mark.parametrize("mode", ["redis", "lease"])
+async def test_two_gateways_share_one_bucket(redis: RedisProcess, mode: str) -> None:
+    """Two limiters on one key admit the burst between them, not twice the burst."""
+    prefix = uuid.uuid4().hex
+    pair = [_limiter(redis.url, mode, prefix, redis_timeout_ms=50) for _ in range(2)]
+    try:
+        admitted = await _drive(pair, 60, Limits(0.5, 10))
+    finally:
+        for lim in pair:
+            await lim.close()
+    assert admitted == 10
+    assert all(lim.stats.decisions[("allowed", "degraded")] == 0 for lim in pair)
+
+
+async def test_sync_mode_splits_the_limit_by_demand(redis: RedisProcess) -> None:
+    """Two sync limiters over 0.6 s admit about burst + rate * t in total, never on the path."""
+    prefix = uuid.uuid4().hex
+    pair = [_limiter(redis.url, "sync", prefix, sync_interval_ms=20) for _ in range(2)]
+    limits = Limits(200.0, 20)
+    start = time.monotonic()
+    try:
+        admitted = await _drive(pair, 600, limits, gap_s=0.001)
+    finally:
+        for lim in pair:
+            await lim.close()
+    elapsed = time.monotonic() - start
+    perfect = limits.burst + limits.rate_per_s * elapsed
+    assert 0.8 * perfect <= admitted <= 1.1 * perfect
+    assert sum(lim.stats.redis_calls[("sync", "ok")] for lim in pair) >= 2
+
+
+async def test_heartbeats_count_live_gateways(redis: RedisProcess) -> None:
+    """Three limiters on one prefix each see three live gateways."""
+    prefix = uuid.uuid4().hex
+    trio = [_limiter(redis.url, "redis", prefix, redis_timeout_ms=50) for _ in range(3)]
+    try:
+        for lim in trio:
+            await lim.heartbeat()  # type: ignore[attr-defined]
+        await trio[0].heartbeat()  # type: ignore[attr-defined]
+        assert trio[0].live_gateways() == 3
+    finally:
+        for lim in trio:
+            await lim.close()
+
+
+async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> None:
+    """With Redis gone decisions come fast from limit/live; after restart the charge lands."""
+    server = start_redis()
+    port = server.port
+    lim = _limiter(server.url, "redis", uuid.uuid4().hex, redis_timeout_ms=5, charge_back=True)
+    limits = Limits(1.0, 10)
+    try:
+        await lim.client.warm_up()  # type: ignore[attr-defined]
+        assert not (await lim.decide("k", limits)).degraded
+        server.kill()
+        worst = 0.0
+        admitted = 0
+        for _ in range(30):
+            start = time.perf_counter()
+            admitted += (await lim.decide("k", limits)).allowed
+            worst = max(worst, time.perf_counter() - start)
+        assert admitted == 10 and worst < 0.05
+        assert lim.stats.decisions[("allowed", "degraded")] == 10
+        assert lim.breaker_state() in ("open", "half_open")
+        server = start_redis(port)
+        await asyncio.sleep(0.15)  # let the breaker's open time pass (100 ms)
+        decision = await lim.decide("k", limits)
+        for _ in range(50):
+            if lim.stats.charged_back:
+                break
+            await asyncio.sleep(0.01)  # the charge-back flush runs in the background
+        assert lim.stats.charged_back == 10
+        assert not decision.degraded and decision.allowed
+        assert not (await lim.decide("k", limits)).allowed  # the charge emptied the bucket
+    finally:
+        await lim.close()
+        server.stop()
+
+
+async def test_slow_redis_never_makes_a_request_wait_past_the_timeout(
+    redis: RedisProcess,
+) -> None:
+    """Behind a 20 ms delaying proxy every decision returns within the 2 ms timeout (+ slack)."""
+    proxy = DelayProxy(redis.port, 0.02).start()
+    lim = _limiter(proxy.url, "redis", uuid.uuid4().hex, redis_timeout_ms=2)
+    try:
+        worst = 0.0
+        for _ in range(40):
+            start = time.perf_counter()
+            await lim.decide("k", Limits(1000.0, 100))
+            worst = max(worst, time.perf_counter() - start)
+        assert worst < 0.015
+        assert lim.stats.decisions[("allowed", "degraded")] >= 35
+        assert lim.breaker_state() != "closed"
+    finally:
+        await lim.close()
+        proxy.stop()
+
+
+async def test_late_answers_are_reconciled(redis: RedisProcess) -> None:
+    """A call that misses its deadline but succeeds later cancels its pending charge."""
+    proxy = DelayProxy(redis.port, 0.01).start()
+    lim = _limiter(proxy.url, "redis", uuid.uuid4().hex, redis_timeout_ms=1)
+    try:
+        decision = await lim.decide("k", Limits(100.0, 10))
+        assert decision.degraded and decision.allowed
+        for _ in range(100):
+            if lim.stats.redis_calls[("gcra", "late")]:
+                break
+            await asyncio.sleep(0.005)  # the late answer arrives in the background
+        assert lim.stats.redis_calls[("gcra", "late")] == 1
+        assert lim.charges.drain(time.monotonic(), 60.0)[0][1] == 0  # type: ignore[attr-defined]
+    finally:
+        await lim.close()
+        proxy.stop()
+
+
+async def test_lease_gives_back_unspent_tokens(redis: RedisProcess) -> None:
+    """An expired lease's unspent tokens return to the shared bucket for another gateway."""
+    prefix = uuid.uuid4().hex
+    extra = {"redis_timeout_ms": 50, "lease": {"ttl_ms": 30, "max_tokens": 8}}
+    a, b = (_limiter(redis.url, "lease", prefix, **extra) for _ in range(2))
+    limits = Limits(0.1, 10)
+    try:
+        assert (await a.decide("k", limits)).allowed
+        await asyncio.sleep(0.1)  # longer than the lease ttl; the sweep gives back
+        got = [(await b.decide("k", limits)).allowed for _ in range(12)]
+        assert sum(got) == 9  # 10 - the one a spent
+        assert a.stats.lease_tokens_returned >= 1
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_client_wrapper_reloads_flushed_scripts(redis: RedisProcess) -> None:
+    """After SCRIPT FLUSH the wrapper loads the script again; a dead port is RedisUnavailable."""
+    client = RedisClient(redis.url)
+    try:
+        await client.run("heartbeat", ["hb-" + uuid.uuid4().hex], ["me", 3])
+        await client._conn().script_flush()
+        assert int(await client.run("heartbeat", ["hb-" + uuid.uuid4().hex], ["me", 3])) == 1
+    finally:
+        await client.close()
+    dead = RedisClient(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(RedisUnavailable):
+        await dead.run("leave", ["x"], ["me"])
+    await dead.close()

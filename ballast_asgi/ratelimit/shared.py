@@ -161,6 +161,8 @@ class SharedBase:
         if task.cancelled():
             return
         exc = task.exception()
+        if exc is None and len(self.charges) and not self._flushing and not self._closed:
+            self.spawn(self.flush_charges())
         if on_late is not None:
             on_late(None if exc is not None else task.result())
 

@@ -46,7 +46,7 @@ async def _drive(limiters: list[RateLimiter], n: int, limits: Limits, gap_s: flo
 async def test_two_gateways_share_one_bucket(redis: RedisProcess, mode: str) -> None:
     """Two limiters on one key admit the burst between them, not twice the burst."""
     prefix = uuid.uuid4().hex
-    pair = [_limiter(redis.url, mode, prefix, redis_timeout_ms=50) for _ in range(2)]
+    pair = [_limiter(redis.url, mode, prefix, redis_timeout_ms=1000) for _ in range(2)]
     try:
         admitted = await _drive(pair, 60, Limits(0.5, 10))
     finally:
@@ -76,7 +76,7 @@ async def test_sync_mode_splits_the_limit_by_demand(redis: RedisProcess) -> None
 async def test_heartbeats_count_live_gateways(redis: RedisProcess) -> None:
     """Three limiters on one prefix each see three live gateways."""
     prefix = uuid.uuid4().hex
-    trio = [_limiter(redis.url, "redis", prefix, redis_timeout_ms=50) for _ in range(3)]
+    trio = [_limiter(redis.url, "redis", prefix, redis_timeout_ms=1000) for _ in range(3)]
     try:
         for lim in trio:
             await lim.heartbeat()  # type: ignore[attr-defined]
@@ -167,7 +167,7 @@ async def test_late_answers_are_reconciled(redis: RedisProcess) -> None:
 async def test_lease_gives_back_unspent_tokens(redis: RedisProcess) -> None:
     """An expired lease's unspent tokens return to the shared bucket for another gateway."""
     prefix = uuid.uuid4().hex
-    extra = {"redis_timeout_ms": 50, "lease": {"ttl_ms": 30, "max_tokens": 8}}
+    extra = {"redis_timeout_ms": 1000, "lease": {"ttl_ms": 30, "max_tokens": 8}}
     a, b = (_limiter(redis.url, "lease", prefix, **extra) for _ in range(2))
     limits = Limits(0.1, 10)
     try:

@@ -66,7 +66,7 @@ def redis() -> Iterator[RedisProcess]:
 def _config(tmp: Path, upstream: str, redis_url: str, mode: str, name: str) -> Path:
     section = {
         "enabled": True, "mode": mode, "redis_url": redis_url, "key": "header:X-Tenant",
-        "rate_per_s": RATE, "burst": BURST, "redis_timeout_ms": 20, "sync_interval_ms": 20,
+        "rate_per_s": RATE, "burst": BURST, "redis_timeout_ms": 200, "sync_interval_ms": 20,
         "heartbeat_ms": 100,
     }  # fmt: skip
     path = tmp / f"{name}.yaml"

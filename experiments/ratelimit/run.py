@@ -1,0 +1,212 @@
+"""``make experiment-ratelimit``: one limit across two gateways sharing Redis.
+
+Starts a redis-server, a trivial upstream and pairs of ``uvicorn
+ballast_asgi.gateway:app`` processes (one pair per configuration), drives them
+open-loop from this process (aiohttp on uvloop) over one key, and compares
+what was admitted with a perfect single bucket replayed over the same
+requests. Three phases, bounded in time (about four minutes at the default
+scale); tables are printed and written into docs/ratelimit.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from experiments.ratelimit import analyze, report
+from experiments.ratelimit.delayproxy import DelayProxy
+from experiments.ratelimit.drive import build
+from experiments.ratelimit.drive import run as drive
+from experiments.ratelimit.plan import Run, Scale, section, shapes, zipf_section, zipf_shape
+from experiments.ratelimit.procs import Pair, gateway_config, pairs, upstream
+from experiments.ratelimit.redisproc import RedisProcess, free_port, redis_server, start_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
+    """Drive one run against ``pair``; return its row."""
+    schedule = build(run.shape, seed)
+    prefix = uuid.uuid4().hex[:8] + "-"
+    before = pair.snapshots()
+    cpu0 = pair.cpu()
+    killer = None
+    if run.kill_at_s is not None:
+        killer = run.tags["redis"]
+    results, gen_cpu = asyncio.run(_drive(pair.bases, schedule, prefix, run, killer))
+    gw_cpu = pair.cpu() - cpu0
+    after = pair.snapshots()
+    full = analyze.admission(results, run.limits)
+    row: dict[str, Any] = {
+        "table": run.table, "pair": pair.name, "scenario": run.scenario,
+        "offered_rps": len(schedule) / run.shape.duration_s, "duration_s": run.shape.duration_s,
+        "admission": full.__dict__ | {"net_pct": full.net_pct},
+        "p50_ms": analyze.latency_ms(results, 0.5), "p99_ms": analyze.latency_ms(results, 0.99),
+        "max_ms": analyze.latency_ms(results, 1.0),
+        "lag_p99_ms": analyze.lag_ms(results, 0.99), "not_issued": analyze.not_issued(results),
+        "gen_cpu_share": gen_cpu / run.shape.duration_s,
+        "gw_cpu_share": gw_cpu / run.shape.duration_s,
+        "decisions": analyze.delta(before, after), **run.tags,
+    }  # fmt: skip
+    if run.kill_at_s is not None:
+        window = (run.kill_at_s, run.shape.duration_s)
+        outage = analyze.admission(results, run.limits, window)
+        outage_results = [r for r in results if window[0] <= r.offset_s]
+        row["outage"] = outage.__dict__ | {
+            "seconds": window[1] - window[0],
+            "over_x_limit": max(0, outage.admitted - outage.perfect)
+            / (run.limits.rate_per_s * (window[1] - window[0])),
+            "max_ms": analyze.latency_ms(outage_results, 1.0),
+            "p99_ms": analyze.latency_ms(outage_results, 0.99),
+        }
+    if run.scenario == "shifting":
+        row["series"] = report.series(results, run.limits)
+    return row
+
+
+async def _drive(
+    bases: list[str], schedule: list[tuple[float, int, str]], prefix: str, run: Run,
+    killer: str | None,
+) -> tuple[list[Any], float]:  # fmt: skip
+    if killer is None or run.kill_at_s is None:
+        return await drive(bases, schedule, prefix)
+    loop = asyncio.get_running_loop()
+    handle = loop.call_later(run.kill_at_s + 0.05, _KILL[killer].kill)
+    try:
+        return await drive(bases, schedule, prefix)
+    finally:
+        handle.cancel()
+
+
+_KILL: dict[str, RedisProcess] = {}
+
+
+def phase(
+    rows: list[dict[str, Any]], up: str, work: Path, configs: dict[str, Any], runs: list[Run]
+) -> None:
+    """Start the pairs of one phase, run its runs in order, stop the pairs."""
+    with pairs({n: gateway_config(up, c) for n, c in configs.items()}, work) as started:
+        time.sleep(1.0)  # heartbeats: let each gateway see its twin before measuring
+        for i, run in enumerate(runs):
+            if run.kill_at_s is not None:
+                _restart(run.tags["redis"])
+                time.sleep(0.6)  # let the breaker close again after the restart
+            row = measure(started[run.pair], run, seed=1000 + i)
+            rows.append(row)
+            print(report.one_line(row), flush=True)
+
+
+def _restart(name: str) -> None:
+    server = _KILL[name]
+    if server.proc.poll() is not None:
+        _KILL[name] = start_redis(server.port)
+
+
+def plan_runs(scale: Scale, lim: Any) -> tuple[list[Run], list[Run]]:
+    """Phase 1 (table 1) and phase 2 (table 2) run lists, alternating configurations."""
+    sh = shapes(scale)
+    one: list[Run] = []
+    for _ in range(scale.reps):
+        one += [Run("t1a", p, "80%", sh["80%"], lim) for p in ("none", "redis", "lease", "sync")]
+    one.append(Run("t1b", "none", "even", sh["even"], lim))
+    one.append(Run("t1b", "local", "even", sh["even"], lim))
+    for scenario in ("even", "shifting", "burst"):
+        one += [Run("t1b", p, scenario, sh[scenario], lim) for p in ("redis", "lease", "sync")]
+    two: list[Run] = []
+    for _ in range(scale.breaker_reps):
+        for p in ("redis-naive", "redis", "lease-naive", "lease"):
+            two.append(Run("t2", p, "even", sh["even"].__class__(sh["even"].rate_rps,
+                                                                  scale.short_s), lim))  # fmt: skip
+        for p in ("zipf-naive", "zipf"):
+            two.append(Run("t2z", p, "zipf", zipf_shape(scale), scale.zipf_limits))
+    return one, two
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three phases, print the tables, write docs/ratelimit.md."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--scale", type=float, default=0.5, help="multiply every rate (default 0.5)")
+    ap.add_argument("--quick", action="store_true", help="short runs, one repetition")
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/ratelimit.md")
+    args = ap.parse_args(argv)
+    scale = Scale(args.scale)
+    if args.quick:
+        scale = Scale(args.scale, short_s=2.0, long_s=10.5, reps=1, breaker_reps=1)
+    lim = scale.limits
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, redis_server() as redis, upstream() as up:
+        work = Path(tmp)
+        url = redis.url
+        one, two = plan_runs(scale, lim)
+        phase(rows, up, work, {
+            "none": None,
+            "local": {"mode": "local", "rate_per_s": lim.rate_per_s, "burst": lim.burst},
+            **{m: section(scale, m, url) for m in ("redis", "lease", "sync")},
+        }, one)  # fmt: skip
+        phase(rows, up, work, {
+            "redis": section(scale, "redis", url), "lease": section(scale, "lease", url),
+            "redis-naive": section(scale, "redis", url, breaker={"kind": "naive"}),
+            "lease-naive": section(scale, "lease", url, breaker={"kind": "naive"}),
+            "zipf": zipf_section(scale, url, "rebuilt"),
+            "zipf-naive": zipf_section(scale, url, "naive"),
+        }, two)  # fmt: skip
+        rows += phase_three(scale, up, work, redis)
+    elapsed = time.monotonic() - started
+    meta = _meta(scale, elapsed)
+    text = report.render(rows, scale, meta)
+    print(text)
+    (ROOT / "experiments/ratelimit/last_run.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows}, indent=1, default=str))  # fmt: skip
+    if not args.no_docs:
+        report.write_docs(ROOT / "docs/ratelimit.md", text)
+        report.plot(rows, ROOT / "docs/img/ratelimit_shifting.png", scale)
+    return 0
+
+
+def phase_three(scale: Scale, up: str, work: Path, redis: RedisProcess) -> list[dict[str, Any]]:
+    """Redis 5 ms slower (delaying proxy) and Redis stopped mid-run."""
+    rows: list[dict[str, Any]] = []
+    sh = shapes(scale)
+    proxy = DelayProxy(redis.port, 0.005).start()
+    _KILL["b"] = start_redis(free_port())
+    try:
+        configs = {f"slow-{m}": section(scale, m, proxy.url) for m in ("redis", "lease", "sync")}
+        configs |= {
+            f"stop-{m}": section(scale, m, _KILL["b"].url) for m in ("redis", "lease", "sync")
+        }
+        runs = [
+            Run("t3", f"slow-{m}", "slow", sh["even"], scale.limits)
+            for m in ("redis", "lease", "sync")
+        ]
+        runs += [Run("t3", f"stop-{m}", "stopped", sh["even"], scale.limits, kill_at_s=3.0,
+                     tags={"redis": "b"}) for m in ("redis", "lease", "sync")]  # fmt: skip
+        phase(rows, up, work, configs, runs)
+    finally:
+        proxy.stop()
+        _KILL.pop("b").stop()
+    return rows
+
+
+def _meta(scale: Scale, elapsed: float) -> dict[str, Any]:
+    import os
+
+    load = os.getloadavg()
+    return {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load],
+        "scale": scale.factor, "elapsed_s": round(elapsed, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,9 +58,9 @@ class LeaseConfig(_Frozen):
     """``lease`` mode: how many tokens a gateway takes at once and for how long."""
 
     #: A lease is what this gateway spent recently in this much time.
-    window_ms: int = Field(100, ge=1, le=60_000)
+    window_ms: int = Field(200, ge=1, le=60_000)
     #: Unspent tokens go back this long after the grant.
-    ttl_ms: int = Field(250, ge=1, le=600_000)
+    ttl_ms: int = Field(500, ge=1, le=600_000)
     min_tokens: int = Field(1, ge=1, le=1_000_000)
     #: Default (null): the burst divided by the live gateways.
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)

@@ -10,8 +10,8 @@ gateway cannot hold the whole bucket).
 When the lease falls below a quarter of its size a refill starts in the
 background, so the request path rarely waits. A request that finds no tokens
 waits for the refill at most ``redis_timeout_ms``. When Redis grants nothing
-the bucket is empty: the gateway refuses locally until Redis says the next
-``min_tokens`` exist (no call in between). When Redis does not answer, the
+the bucket is empty: the gateway refuses locally until Redis says a quarter
+lease exists (no call in between), then asks again on its own. When Redis does not answer, the
 request is decided on the gateway's share and charged back later.
 """
 
@@ -51,8 +51,8 @@ class LeaseLimiter(SharedBase):
     def __init__(
         self,
         *args: Any,
-        window_s: float = 0.1,
-        ttl_s: float = 0.25,
+        window_s: float = 0.2,
+        ttl_s: float = 0.5,
         min_tokens: int = 1,
         max_tokens: int | None = None,
         max_keys: int = 10_000,
@@ -157,8 +157,20 @@ class LeaseLimiter(SharedBase):
             lease.tokens += granted
             lease.expires = now + self.ttl_s
             return
-        wait = debt + self.min_tokens * limits.interval_s - limits.tau_s
-        lease.empty_until = now + max(limits.interval_s, wait)
+        # Wait for a worthwhile batch (a quarter lease), refusing locally meanwhile: the tokens
+        # pile up in the shared bucket, none is lost. Then ask again before a request needs it.
+        batch = max(self.min_tokens, min(limits.burst, want) // 4)
+        wait = max(limits.interval_s, debt + batch * limits.interval_s - limits.tau_s)
+        lease.empty_until = now + wait
+        asyncio.get_running_loop().call_later(wait, self._refill_if_idle, key, lease, limits)
+
+    def _refill_if_idle(self, key: str, lease: Lease, limits: Limits) -> None:
+        if self._closed or lease.pending is not None or lease.tokens > 0:
+            return
+        if self.leases.peek(key) is not lease or lease.demand.rate(self.clock()) < 1.0:
+            return
+        lease.pending = asyncio.get_running_loop().create_future()
+        self.spawn(self._refill(key, lease, limits))
 
     def _give_back(self, key: str, lease: Lease, limits: Limits) -> None:
         count, lease.tokens = lease.tokens, 0

@@ -17,9 +17,14 @@ ZIPF_KEYS, ZIPF_RPS, ZIPF_LIMIT_RPS, ZIPF_BURST = 10_000, 3000.0, 20.0, 5
 class Scale:
     """The factor every rate is multiplied by, and run lengths."""
 
-    factor: float = 0.5
-    short_s: float = 5.0
+    factor: float = 1.0
+    #: 80 % runs, breaker runs and the 10,000-key row.
+    short_s: float = 4.0
+    #: Even split at 150 % and the slow-Redis runs.
+    even_s: float = 5.0
+    #: Shifting (two swaps) and the Redis-stopped runs.
     long_s: float = 10.5
+    burst_s: float = 6.0
     reps: int = 2
     breaker_reps: int = 3
 
@@ -67,9 +72,11 @@ def shapes(scale: Scale) -> dict[str, Shape]:
     rate = scale.limits.rate_per_s
     return {
         "80%": Shape(0.8 * rate, scale.short_s),
-        "even": Shape(1.5 * rate, scale.long_s),
+        "even": Shape(1.5 * rate, scale.even_s),
+        "even-short": Shape(1.5 * rate, scale.short_s),
         "shifting": Shape(1.5 * rate, scale.long_s, split=shifting()),
-        "burst": Shape(0.8 * rate, scale.long_s, split=shifting(), boost=spikes()),
+        "burst": Shape(0.8 * rate, scale.burst_s, split=shifting(swap_s=3.0), boost=spikes()),
+        "outage": Shape(1.5 * rate, scale.long_s),
     }
 
 

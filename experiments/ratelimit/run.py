@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from experiments.ratelimit import analyze, report
 from experiments.ratelimit.delayproxy import DelayProxy
 from experiments.ratelimit.drive import build
@@ -41,7 +43,8 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
     killer = None
     if run.kill_at_s is not None:
         killer = run.tags["redis"]
-    results, gen_cpu = asyncio.run(_drive(pair.bases, schedule, prefix, run, killer))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        results, gen_cpu = runner.run(_drive(pair.bases, schedule, prefix, run, killer))
     gw_cpu = pair.cpu() - cpu0
     after = pair.snapshots()
     full = analyze.admission(results, run.limits)
@@ -123,8 +126,7 @@ def plan_runs(scale: Scale, lim: Any) -> tuple[list[Run], list[Run]]:
     two: list[Run] = []
     for _ in range(scale.breaker_reps):
         for p in ("redis-naive", "redis", "lease-naive", "lease"):
-            two.append(Run("t2", p, "even", sh["even"].__class__(sh["even"].rate_rps,
-                                                                  scale.short_s), lim))  # fmt: skip
+            two.append(Run("t2", p, "even", sh["even-short"], lim))
         for p in ("zipf-naive", "zipf"):
             two.append(Run("t2z", p, "zipf", zipf_shape(scale), scale.zipf_limits))
     return one, two
@@ -133,13 +135,13 @@ def plan_runs(scale: Scale, lim: Any) -> tuple[list[Run], list[Run]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the three phases, print the tables, write docs/ratelimit.md."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--scale", type=float, default=0.5, help="multiply every rate (default 0.5)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every rate (default 1)")
     ap.add_argument("--quick", action="store_true", help="short runs, one repetition")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/ratelimit.md")
     args = ap.parse_args(argv)
     scale = Scale(args.scale)
     if args.quick:
-        scale = Scale(args.scale, short_s=2.0, long_s=10.5, reps=1, breaker_reps=1)
+        scale = Scale(args.scale, short_s=2.0, even_s=3.0, reps=1, breaker_reps=1)
     lim = scale.limits
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
@@ -187,7 +189,7 @@ def phase_three(scale: Scale, up: str, work: Path, redis: RedisProcess) -> list[
             Run("t3", f"slow-{m}", "slow", sh["even"], scale.limits)
             for m in ("redis", "lease", "sync")
         ]
-        runs += [Run("t3", f"stop-{m}", "stopped", sh["even"], scale.limits, kill_at_s=3.0,
+        runs += [Run("t3", f"stop-{m}", "stopped", sh["outage"], scale.limits, kill_at_s=3.0,
                      tags={"redis": "b"}) for m in ("redis", "lease", "sync")]  # fmt: skip
         phase(rows, up, work, configs, runs)
     finally:

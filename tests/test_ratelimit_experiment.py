@@ -1,0 +1,54 @@
+"""The rate-limit experiment's arithmetic: schedules, perfect-bucket replay, admission."""
+
+from __future__ import annotations
+
+import random
+
+from ballast_asgi.ratelimit.core.gcra import Limits
+from experiments.ratelimit.analyze import admission, delta
+from experiments.ratelimit.drive import Result, Shape, build, shifting, spikes, zipf_keys
+
+
+def test_schedule_follows_rate_split_and_spikes() -> None:
+    """A 100 rps, 2 s shape has 200 arrivals; shifting sends ~90 % to gateway 0 first."""
+    plain = build(Shape(100.0, 2.0), seed=1)
+    assert len(plain) == 200
+    shifted = build(Shape(1000.0, 2.0, split=shifting(swap_s=1.0)), seed=1)
+    first = [gw for t, gw, _ in shifted if t < 1.0]
+    second = [gw for t, gw, _ in shifted if t >= 1.0]
+    assert 0.85 < first.count(0) / len(first) < 0.95
+    assert 0.85 < second.count(1) / len(second) < 0.95
+    spiky = build(Shape(100.0, 2.0, boost=spikes(every_s=1.0, length_s=0.1, factor=10)), seed=1)
+    assert len(spiky) > 1.5 * len(plain)
+
+
+def test_zipf_keys_are_skewed() -> None:
+    """The most frequent Zipf key is far more common than the median one."""
+    pick = zipf_keys(1000)
+    rng = random.Random(3)
+    keys = [pick(rng) for _ in range(20_000)]
+    assert keys.count("k0") > 50 * max(1, keys.count("k500"))
+
+
+def test_admission_counts_over_and_under_against_the_perfect_bucket() -> None:
+    """Admitting one extra request is +1 over; refusing a good one is -1 under."""
+    limits = Limits(1.0, 2)
+
+    def r(t: float, status: int) -> Result:
+        return Result(t, 0, "k", status, 0.001, 0.0, "rate_limited" if status == 429 else "")
+
+    results = [r(0.0, 200), r(0.1, 200), r(0.2, 200), r(1.5, 429), r(1.6, 429), r(-1, -1)]
+    a = admission(results, limits)
+    assert (a.issued, a.admitted, a.perfect, a.over, a.under) == (5, 3, 3, 1, 1)
+    assert a.net_pct == 0.0
+    late = admission(results, limits, window=(1.0, 2.0))
+    assert (late.issued, late.admitted, late.under) == (2, 0, 1)
+
+
+def test_delta_sums_both_gateways_and_skips_late_answers() -> None:
+    """Decisions by source and Redis trips are differences of two snapshots, summed."""
+    before = [{"decisions": {"allowed/local": 5}, "redis_calls": {"lease/ok": 1}}] * 2
+    after = [{"decisions": {"allowed/local": 15, "denied/degraded": 2},
+              "redis_calls": {"lease/ok": 3, "gcra/late": 9}}] * 2  # fmt: skip
+    d = delta(before, after)
+    assert d == {"decisions": 24, "local": 20, "redis": 0, "degraded": 4, "trips": 4}

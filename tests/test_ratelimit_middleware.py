@@ -9,6 +9,7 @@ import pytest
 
 from ballast_asgi.config import build_config, load_config
 from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.forwarded import CLIENT_IP_KEY
 from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.ratelimit.core.gcra import Limits
@@ -123,11 +124,12 @@ async def test_snapshot_and_metrics_show_the_limiter() -> None:
 
 
 def test_resolver_keys() -> None:
-    """client_ip trusts X-Forwarded-For only from listed proxies; long keys are hashed."""
+    """client_ip is the gateway's originating client (else the peer); long keys are hashed."""
     limits = Limits(10, 1)
-    r = KeyResolver("client_ip", limits, trusted_proxies=["10.0.0.0/8"])
-    xff = [(b"x-forwarded-for", b"6.6.6.6, 203.0.113.9, 10.0.0.2")]
-    assert r.resolve({"client": ("10.0.0.1", 1), "headers": xff})[0] == "default|203.0.113.9"
+    r = KeyResolver("client_ip", limits)
+    xff = [(b"x-forwarded-for", b"6.6.6.6")]
+    decided = {"client": ("10.0.0.1", 1), "headers": xff, CLIENT_IP_KEY: "203.0.113.9"}
+    assert r.resolve(decided)[0] == "default|203.0.113.9"
     assert r.resolve({"client": ("198.51.100.1", 1), "headers": xff})[0] == "default|198.51.100.1"
     c = KeyResolver("consumer", limits, consumer_header="x-api-key")
     assert c.resolve({"headers": [(b"x-api-key", b"k1")]})[0] == "default|k1"
@@ -151,7 +153,6 @@ def test_resolver_keys() -> None:
         ({"rate_per_s": 0}, "rate_limit.rate_per_s"),
         ({"burst": 0}, "rate_limit.burst"),
         ({"redis_url": "http://x"}, "rate_limit.redis_url"),
-        ({"trusted_proxies": ["nope"]}, "rate_limit.trusted_proxies"),
         ({"routes": [{"name": "a b"}]}, "rate_limit.routes.0.name"),
         ({"lease": {"max_tokens": 0}}, "rate_limit.lease.max_tokens"),
         ({"breaker": {"kind": "magic"}}, "rate_limit.breaker.kind"),

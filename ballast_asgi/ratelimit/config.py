@@ -8,7 +8,6 @@ duration is in milliseconds.
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -98,8 +97,6 @@ class RateLimitConfig(_Frozen):
     #: Keys kept per process (least recently used evicted beyond).
     max_keys: int = Field(10_000, ge=1, le=10_000_000)
     key_prefix: str = Field("ballast:rl", min_length=1, max_length=64)
-    #: For ``client_ip``: peers whose X-Forwarded-For is believed.
-    trusted_proxies: tuple[str, ...] = ()
     #: Charge what was admitted without Redis to the shared bucket afterwards.
     charge_back: bool = True
     routes: tuple[RateLimitRoute, ...] = ()
@@ -122,14 +119,4 @@ class RateLimitConfig(_Frozen):
         parts = urlsplit(v)
         if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
             raise ValueError("must be a redis://host:port/db, rediss:// or unix:// URL")
-        return v
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for cidr in v:
-            try:
-                ipaddress.ip_network(cidr.strip(), strict=False)
-            except ValueError:
-                raise ValueError(f"invalid CIDR {cidr!r}; e.g. 10.0.0.0/8") from None
         return v

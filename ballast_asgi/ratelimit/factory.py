@@ -109,6 +109,5 @@ def make_resolver(config: RateLimitConfig, consumer_header: str = "x-api-key") -
         default,
         routes=routes,
         overrides=overrides,
-        trusted_proxies=config.trusted_proxies,
         consumer_header=consumer_header,
     )

@@ -13,7 +13,7 @@ from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter, make_resol
 
 #: Changing any of these needs a new driver (and its Redis connections).
 _DRIVER_KEYS = frozenset(RateLimitConfig.model_fields) - {
-    "enabled", "key", "rate_per_s", "burst", "routes", "overrides", "trusted_proxies",
+    "enabled", "key", "rate_per_s", "burst", "routes", "overrides",
 }  # fmt: skip
 
 

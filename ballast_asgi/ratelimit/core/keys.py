@@ -2,9 +2,9 @@
 
 ``key`` (config ``rate_limit.key``) names what identifies a caller:
 
-- ``client_ip``: the direct TCP peer; when the peer is one of
-  ``trusted_proxies``, the right-most ``X-Forwarded-For`` address that is not
-  itself a trusted proxy (left-most entries are client-controlled, never used).
+- ``client_ip``: the originating client as the gateway decided it
+  (``core/forwarded.py``: the direct peer, or, behind one of
+  ``proxy.trusted_proxies``, the right-most untrusted ``X-Forwarded-For`` entry).
 - ``consumer``: the value of the API-key header the priority config names
   (``priority.consumers.header``, default ``x-api-key``).
 - ``route``: the name of the first ``rate_limit.routes`` rule that matches
@@ -26,20 +26,17 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.ratelimit.core.gcra import Limits
 
 MAX_KEY_CHARS = 128
 MISSING = "-"
 DEFAULT_ROUTE = "default"
-_XFF = b"x-forwarded-for"
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +59,6 @@ class KeyResolver:
         *,
         routes: Iterable[Route] = (),
         overrides: Mapping[str, Limits] | None = None,
-        trusted_proxies: Iterable[str] = (),
         consumer_header: str = "x-api-key",
     ) -> None:
         self.key = key
@@ -71,12 +67,11 @@ class KeyResolver:
         self._routes = [
             (_methods(r), re.compile(fnmatch.translate(r.path)).match, r) for r in routes
         ]
-        self._proxies = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_proxies)
         self._extract = self._extractor(key, consumer_header)
 
     def _extractor(self, key: str, consumer_header: str) -> Callable[[Mapping[str, Any]], str]:
         if key == "client_ip":
-            return self._client_ip
+            return lambda scope: client_ip(scope) or MISSING
         if key == "route":
             return lambda scope: MISSING
         if key == "consumer":
@@ -103,26 +98,6 @@ class KeyResolver:
                 return route
         return None
 
-    def _client_ip(self, scope: Mapping[str, Any]) -> str:
-        client = scope.get("client")
-        peer = str(client[0]) if client else MISSING
-        if not self._proxies or not self._trusted(peer):
-            return peer
-        hops = _forwarded_for(scope)
-        for hop in reversed(hops):
-            if not self._trusted(hop):
-                return hop if _is_ip(hop) else peer
-        return hops[0] if hops else peer
-
-    def _trusted(self, host: str) -> bool:
-        try:
-            addr = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        return any(addr in net for net in self._proxies)
-
 
 def _methods(route: Route) -> frozenset[str] | None:
     return frozenset(m.upper() for m in route.methods) or None
@@ -138,22 +113,6 @@ def _header_value(name: str) -> Callable[[Mapping[str, Any]], str]:
         return MISSING
 
     return extract
-
-
-def _forwarded_for(scope: Mapping[str, Any]) -> list[str]:
-    hops: list[str] = []
-    for header, value in scope.get("headers") or ():
-        if header == _XFF:
-            hops.extend(h.strip() for h in bytes(value).decode("latin-1").split(","))
-    return [h for h in hops if h]
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _bounded(value: str) -> str:

@@ -202,6 +202,8 @@ def test_charge_book_drains_lapses_and_restores() -> None:
     for key in "xyz":
         book.add(key, 0.0, 0.01)
     assert len(book) == 2 and book.dropped == 2
+    assert book.cancel("z") and not book.cancel("z") and not book.cancel("nope")
+    assert len(book) == 1
 
 
 def test_rate_estimate_follows_a_steady_rate() -> None:

@@ -29,7 +29,7 @@ class RedisLimiter(SharedBase):
 
         def late(result: Any) -> None:
             if result is not None and int(result[0]) and decided and decided[0].allowed:
-                self.charges.add(key, now, limits.interval_s, -1)
+                self.charges.cancel(key)
 
         try:
             allowed, debt = await self.call("gcra", [self.key("b", key)], args, on_late=late)

@@ -58,6 +58,17 @@ class ChargeBook:
             self.dropped += self._charges.pop(oldest).count
         self._charges[key] = Charge(count, now, interval_s)
 
+    def cancel(self, key: str) -> bool:
+        """Take back one pending charge for ``key`` (Redis counted it after all)."""
+        entry = self._charges.get(key)
+        if entry is None or entry.count <= 0:
+            return False
+        entry.count -= 1
+        self.recorded -= 1
+        if entry.count == 0:
+            del self._charges[key]
+        return True
+
     def drain(self, now: float, max_age_s: float) -> list[tuple[str, int, float, float]]:
         """Take every charge as ``(key, count, age_s, interval_s)``; older ones lapse."""
         out: list[tuple[str, int, float, float]] = []

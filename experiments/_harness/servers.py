@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from experiments._harness.procs import HOST, Procs, free_port
@@ -151,12 +152,35 @@ def start_haproxy(procs: Procs, haproxy: str, up: int, cpu: int | None) -> Targe
     return Target("haproxy", port, proc.pid)
 
 
+#: How often a start is retried with fresh ports when the child exits at once
+#: (another process on this shared machine took a port between our pick and its bind).
+PORT_RETRIES = 3
+Command = Callable[[int, int], list[str]]
+
+
+def start_on_free_ports(
+    procs: Procs, make_cmd: Command, cpu: int | None, name: str,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int, int]:  # fmt: skip
+    """Start ``make_cmd(port, admin_port)``; on an early exit retry with fresh ports."""
+    for attempt in range(PORT_RETRIES):
+        port, admin = free_port(), free_port()
+        try:
+            return procs.start(make_cmd(port, admin), cpu, port, name, env), port, admin
+        except RuntimeError:
+            if attempt == PORT_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def start_bare(procs: Procs, client: str, up: int, cpu: int | None) -> Target:
     """The bare uvicorn pass-through (raw ASGI) over one httpx or aiohttp client."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "experiments.bench.bare", "proxy", "--client", client,
-           "--upstream", f"http://{HOST}:{up}", "--port", str(port)]  # fmt: skip
-    proc = procs.start(cmd, cpu, port, f"bare-{client}")
+
+    def cmd(port: int, _admin: int) -> list[str]:
+        return [sys.executable, "-m", "experiments.bench.bare", "proxy", "--client", client,
+                "--upstream", f"http://{HOST}:{up}", "--port", str(port)]  # fmt: skip
+
+    proc, port, _ = start_on_free_ports(procs, cmd, cpu, f"bare-{client}")
     return Target(f"bare-{client}", port, proc.pid)
 
 
@@ -177,9 +201,11 @@ def start_sim(
     fast_ms: float = 25.0, slow_ms: float = 120.0, seed: int = 1,
 ) -> Target:  # fmt: skip
     """The simulator (default 8 workers, 25 ms / 120 ms, about 270 rps)."""
-    port, admin = free_port(), free_port()
-    cmd = sim_cmd(port, admin, workers=workers, fast_ms=fast_ms, slow_ms=slow_ms, seed=seed)
-    proc = procs.start(cmd, cpu, port, name)
+
+    def cmd(port: int, admin: int) -> list[str]:
+        return sim_cmd(port, admin, workers=workers, fast_ms=fast_ms, slow_ms=slow_ms, seed=seed)
+
+    proc, port, admin = start_on_free_ports(procs, cmd, cpu, name)
     return Target(name, port, proc.pid, path="/", admin_port=admin)
 
 
@@ -188,21 +214,27 @@ def start_gateway(
     *extra: str,
 ) -> Target:  # fmt: skip
     """The ``ballast`` CLI (with a YAML ``config`` text when given) and its admin port."""
-    port, admin = free_port(), free_port()
-    cmd = [sys.executable, "-m", "ballast_asgi.cli", "--upstream", upstream, "--host", HOST,
-           "--port", str(port), "--admin-port", str(admin), *extra]  # fmt: skip
+    files: list[str] = []
     if config is not None:
         path = procs.tmp / f"{name}.yaml"
         path.write_text(config)
-        cmd += ["--config", str(path)]
-    proc = procs.start(cmd, cpu, port, name)
+        files = ["--config", str(path)]
+
+    def cmd(port: int, admin: int) -> list[str]:
+        return [sys.executable, "-m", "ballast_asgi.cli", "--upstream", upstream, "--host", HOST,
+                "--port", str(port), "--admin-port", str(admin), *files, *extra]  # fmt: skip
+
+    proc, port, admin = start_on_free_ports(procs, cmd, cpu, name)
     return Target(name, port, proc.pid, admin_port=admin)
 
 
 def start_uvicorn_gateway(procs: Procs, name: str, upstream: str, cpu: int | None) -> Target:
     """The gateway exactly as a user starts it: ``uvicorn ballast_asgi.gateway:app``."""
-    port = free_port()
     uvicorn = os.path.join(os.path.dirname(sys.executable), "uvicorn")
-    cmd = [uvicorn, "ballast_asgi.gateway:app", "--host", HOST, "--port", str(port)]
-    proc = procs.start(cmd, cpu, port, name, env={"BALLAST_UPSTREAM": upstream})
+
+    def cmd(port: int, _admin: int) -> list[str]:
+        return [uvicorn, "ballast_asgi.gateway:app", "--host", HOST, "--port", str(port)]
+
+    env = {"BALLAST_UPSTREAM": upstream}
+    proc, port, _ = start_on_free_ports(procs, cmd, cpu, name, env)
     return Target(name, port, proc.pid)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments._harness.stats import median
+from experiments.bench.saturation import table as saturation_table
 
 MARKER = "<!-- notes -->"
 GW = ("ballast-fixed", "ballast-gradient")
@@ -271,6 +272,10 @@ def render(doc: dict[str, Any], img: str) -> str:
         "## Shed vs proxied (closed loop, 32 connections, raw client)",
         "",
         *shed_table(doc),
+        "",
+        "## Saturation: closed loop, the gateway as a user starts it",
+        "",
+        *(saturation_table(doc["saturation"]) if doc.get("saturation") else ["(not run)"]),
         "",
         "## Capacity cap at 3x and 12x the knee (simulator, ~270 rps)",
         "",

@@ -18,7 +18,10 @@ generator (this process) plus the backend pinned to CPU 0:
 3. **Sheds.** A closed-loop raw client against the fixed-limit gateway, with
    ``X-Deadline-Ms: 0`` (every request dead on arrival) and without (proxied),
    alternating: sheds/s on one core and CPU us per shed vs per proxied request.
-4. **Capacity cap** (``experiments.bench.capacity``): RSS and critical p99 at
+4. **Saturation** (``experiments.bench.saturation``): closed loop (wrk, 16
+   connections) against the bare aiohttp pass-through and the gateway started
+   as ``uvicorn ballast_asgi.gateway:app``, alternating: CPU and rate ratios.
+5. **Capacity cap** (``experiments.bench.capacity``): RSS and critical p99 at
    3x and 12x the simulator's knee, default cap vs effectively none.
 
 Raw results go to ``runs/bench-<time>/results.json`` (gitignored); the report
@@ -54,6 +57,7 @@ from experiments._harness.servers import (
 from experiments.bench.capacity import capacity_bench
 from experiments.bench.drive import BlastRun, OpenRun, blast, open_loop, request_bytes
 from experiments.bench.report import write_report
+from experiments.bench.saturation import saturation
 
 CPU_LOAD, CPU_PROXY = 0, 1
 FIXED_CONFIG = "limiter:\n  algorithm: fixed\n  fixed_limit: 1000\n"
@@ -204,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         blasts = sheds(gw, a)
         rss = {t.name: status_kb(t.pid, "VmHWM") / 1024 for t in targets if t.pid}
         procs.stop_all()
+        print("bench: saturation (closed loop)", flush=True)
+        sat = saturation(procs, a.shed_seconds, a.reps, 16)
+        procs.stop_all()
         caps: list[dict[str, Any]] = []
         if not a.no_capacity:
             print("bench: capacity cap", flush=True)
@@ -215,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sheds=[b.to_dict() for b in blasts],
         vmhwm_mb=rss,
         capacity=caps,
+        saturation=sat,
         elapsed_s=round(time.monotonic() - t0, 1),
     )
     (a.out / "results.json").write_text(json.dumps(doc, indent=1))

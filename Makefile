@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-quick experiment-ratelimit bench clean system-deps
+.PHONY: venv test lint typecheck pytest demo experiment experiment-quick experiment-ratelimit bench clean system-deps \
+	experiment-discovery
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -65,6 +66,10 @@ bench: $(STAMP)
 # Rate limits across two gateways sharing Redis (docs/ratelimit.md); a few minutes.
 experiment-ratelimit: $(STAMP) system-deps
 	$(PY) -m experiments.ratelimit.run
+
+# Discovery on etcd: two gateways, instances that come and go (docs/discovery.md).
+experiment-discovery: $(STAMP) system-deps
+	$(PY) -m experiments.discovery
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -27,8 +27,10 @@ _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.keepalive_time_ms": 5000,
-    "grpc.keepalive_timeout_ms": 2000,
+    # Notice a silently dead connection (a watch would wait forever); etcd allows
+    # pings every 5 s or slower (--grpc-keepalive-min-time).
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 3_000,
 }
 
 

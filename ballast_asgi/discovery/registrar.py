@@ -134,7 +134,8 @@ class Registrar:
                     if event.deleted and event.mod_revision > self.revision:
                         self._key_lost()
             except EtcdUnavailable:
-                await asyncio.sleep(self.core.retry_s)
+                pass
+            await asyncio.sleep(self.core.retry_s)  # the watch broke or ended: start it again
 
     def _key_lost(self) -> None:
         if self.core.state != "registered":

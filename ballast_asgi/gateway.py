@@ -79,6 +79,8 @@ class Gateway:
         self.metrics = Metrics(registry)
         self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=rng)
         self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
+        if self.discovery is not None:
+            self.discovery.register_metrics(self.metrics.registry)
         self.proxy = ProxyApp(
             config.upstream,
             config=config.proxy,

@@ -151,3 +151,16 @@ def test_list_selector_refuses_an_empty_list() -> None:
         sel.set_instances([])
     sel.set_instances([B])
     assert [u.port for u in sel.upstreams()] == [82]
+
+
+async def test_metrics_show_the_applied_version() -> None:
+    """/metrics has ballast_discovery_config_version and instances after a version applies."""
+    _, transport = _hosts()
+    gw = _gateway(transport)
+    assert gw.discovery is not None
+    gw.discovery.follower.offer(ConfigVersion(4, (A, B)).encode())
+    async with _client(gw) as c:
+        text = (await c.get("/_ballast/metrics")).text
+    assert "ballast_discovery_config_version 4.0" in text
+    assert "ballast_discovery_instances 2.0" in text
+    assert "ballast_discovery_rejected_versions_total 0.0" in text

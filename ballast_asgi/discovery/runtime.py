@@ -90,6 +90,12 @@ class DiscoveryRuntime:
         runtime.selector = selector
         return runtime
 
+    def register_metrics(self, registry: Any) -> None:
+        """Add the ``ballast_discovery_*`` series to the gateway's registry."""
+        from ballast_asgi.discovery.metrics import register
+
+        register(registry, self)
+
     def _swap(self, version: ConfigVersion) -> None:
         self._apply(version.instances)
 

@@ -34,7 +34,7 @@ class Instance:
         self.etcd = etcd
         self.port, self.admin = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.sim = _spawn("upstream_sim", "--port", str(self.port), "--admin-port",
+        self.sim = _spawn("ballast_tools.upstream_sim", "--port", str(self.port), "--admin-port",
                           str(self.admin), "--workers", "32",
                           "--fast", "2ms", "--slow", "5ms")  # fmt: skip
         wait_http(f"http://127.0.0.1:{self.admin}/health", self.sim)

@@ -74,7 +74,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
 
 
 @contextmanager
-def uvicorn_gateway(config: Path) -> Iterator[tuple[str, int]]:
+def uvicorn_gateway(config: Path, ready_s: float = 15.0) -> Iterator[tuple[str, int]]:
     """``uvicorn ballast_asgi.gateway:app`` with ``BALLAST_CONFIG=config``: (base URL, PID)."""
     port = free_port()
     env = {**os.environ, "BALLAST_CONFIG": str(config), **NO_BALLAST_ENV}
@@ -82,7 +82,7 @@ def uvicorn_gateway(config: Path) -> Iterator[tuple[str, int]]:
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(base + "/_ballast/health", proc)
+        wait_http(base + "/_ballast/health", proc, ready_s)
         yield base, proc.pid
     finally:
         stop_process(proc)

@@ -19,6 +19,8 @@ from tests.e2e.etcd_server import EtcdServer, etcd_server
 from tests.e2e.support import free_port, stop_process, uvicorn_gateway, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+#: Start-up bound: five Python processes on a busy shared machine can take a while.
+READY_S = 60.0
 
 
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -37,7 +39,7 @@ class Instance:
         self.sim = _spawn("ballast_tools.upstream_sim", "--port", str(self.port), "--admin-port",
                           str(self.admin), "--workers", "32",
                           "--fast", "2ms", "--slow", "5ms")  # fmt: skip
-        wait_http(f"http://127.0.0.1:{self.admin}/health", self.sim)
+        wait_http(f"http://127.0.0.1:{self.admin}/health", self.sim, READY_S)
         self.reg = self.register()
 
     def register(self) -> subprocess.Popen[bytes]:
@@ -115,8 +117,8 @@ def setup(tmp_path: Path) -> Iterator[tuple[EtcdServer, str, list[Instance]]]:
             f"discovery: {{etcd: {{endpoints: [{etcd.url}]}}, service: judged}}\n"
             "retry: {max_attempts: 3}\n"
         )
-        base, _ = stack.enter_context(uvicorn_gateway(config))
-        _wait(base, lambda s: len(_urls(s)) == 2)
+        base, _ = stack.enter_context(uvicorn_gateway(config, READY_S))
+        _wait(base, lambda s: len(_urls(s)) == 2, READY_S)
         yield etcd, base, instances
 
 

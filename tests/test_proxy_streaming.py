@@ -134,7 +134,7 @@ async def test_client_that_stops_reading_is_aborted_and_counted() -> None:
     """A send that does not finish within send_timeout_ms aborts the response (counted)."""
 
     async def body() -> AsyncIterator[bytes]:
-        yield b"a"
+        yield b"a" * 20_000  # past the untimed 16 KiB
         yield b"b"
 
     async def send(message: Message) -> None:

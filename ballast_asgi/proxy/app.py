@@ -75,7 +75,7 @@ from ballast_asgi.proxy.headers import (
 )
 from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
-from ballast_asgi.proxy.transport import make_transport
+from ballast_asgi.proxy.transport import AiohttpTransport, make_transport
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
 #: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
@@ -114,6 +114,7 @@ class ProxyApp:
         self.metrics = metrics
         self.clock = clock
         self._injected = transport
+        self._bounds_total = False
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
         self._default_timeout = _timeouts(config.timeout_ms / 1000.0, config)
@@ -131,6 +132,9 @@ class ProxyApp:
 
     def _open(self) -> None:
         transport = self._injected or make_transport(self.config)
+        #: aiohttp bounds the whole exchange by the deadline itself (``total``); any
+        #: other transport gets an asyncio timeout around the wait for the head.
+        self._bounds_total = isinstance(transport, AiohttpTransport)
         self._client = httpx.AsyncClient(
             transport=transport,
             follow_redirects=False,
@@ -235,7 +239,8 @@ class ProxyApp:
         )
         if source is None:
             request.read()
-        response = await self._attempt(request, upstream, send, ctx, source, timeout["read"])
+        head_s = timeout["read"] if "total" in timeout and not self._bounds_total else None
+        response = await self._attempt(request, upstream, send, ctx, source, head_s)
         if response is not None:
             try:
                 await self._respond(response, upstream, scope, receive, send, ctx, source)
@@ -249,7 +254,7 @@ class ProxyApp:
         send: Send,
         ctx: RequestContext | None,
         source: RequestBodyStream | None,
-        head_s: float,
+        head_s: float | None,
     ) -> httpx.Response | None:
         """One upstream call up to the response head (bounded by ``head_s``), recorded once."""
         transport = self._transport
@@ -259,8 +264,11 @@ class ProxyApp:
             assert transport is not None
         started = self.clock()
         try:
-            async with asyncio.timeout(head_s):
+            if head_s is None:
                 response = await transport.handle_async_request(request)
+            else:
+                async with asyncio.timeout(head_s):
+                    response = await transport.handle_async_request(request)
         except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
             return None

@@ -108,6 +108,11 @@ class RequestBodyStream(httpx.AsyncByteStream):
         self.done = True
 
 
+#: A response that has sent less than this can not block on a send: it still fits
+#: below uvicorn's write-buffer high-water mark (64 KiB), so it needs no timer.
+UNTIMED_BYTES = 16 * 1024
+
+
 async def relay(
     chunks: AsyncIterator[bytes],
     length: int | None,
@@ -118,29 +123,32 @@ async def relay(
     """Send the upstream body; False when the client left (the caller closes upstream).
 
     Raises ``UpstreamBodyError`` when the upstream fails mid-body and
-    ``ClientSendTimeout`` when a send takes longer than ``send_timeout_s``.
-    ``watch()`` starts (once) a future that completes when the client disconnects.
+    ``ClientSendTimeout`` when a send takes longer than ``send_timeout_s``
+    (timed once the response is past ``UNTIMED_BYTES``: the common small
+    response costs no timer). ``watch()`` starts (once) a future that
+    completes when the client disconnects.
     """
     sent = 0
     finished = False
     watcher: asyncio.Future[Any] | None = None
     try:
-        async for chunk in _upstream(chunks):
+        async for chunk in chunks:
             if finished or not chunk or length == 0:
                 continue  # drain to EOF so the connection can be reused
             if watcher is not None and watcher.done():
                 return False
             sent += len(chunk)
             finished = length is not None and sent >= length
-            await _send(send, {"type": "http.response.body", "body": chunk,
-                               "more_body": not finished}, send_timeout_s)  # fmt: skip
+            message = {"type": "http.response.body", "body": chunk, "more_body": not finished}
+            await _send(send, message, sent, send_timeout_s)
             if watcher is None and not finished:
                 watcher = watch()
         if not finished:
             if length:  # Content-Length promised more than the upstream sent
                 raise UpstreamBodyError(f"upstream body ended after {sent} of {length} bytes")
-            await _send(send, {"type": "http.response.body", "body": b"", "more_body": False},
-                        send_timeout_s)  # fmt: skip
+            await _send(send, _END, sent, send_timeout_s)
+    except httpx.TransportError as exc:
+        raise UpstreamBodyError(f"upstream body failed: {type(exc).__name__}") from exc
     except OSError:
         return False
     finally:
@@ -149,16 +157,14 @@ async def relay(
     return True
 
 
-async def _upstream(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The upstream's chunks; its transport errors become ``UpstreamBodyError``."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except httpx.TransportError as exc:
-        raise UpstreamBodyError(f"upstream body failed: {type(exc).__name__}") from exc
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-async def _send(send: Send, message: dict[str, Any], timeout_s: float) -> None:
+async def _send(send: Send, message: dict[str, Any], sent: int, timeout_s: float) -> None:
+    """``send(message)``, under a timeout once the response is past ``UNTIMED_BYTES``."""
+    if sent <= UNTIMED_BYTES:
+        await send(message)
+        return
     try:
         async with asyncio.timeout(timeout_s):
             await send(message)

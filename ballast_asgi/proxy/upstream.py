@@ -52,6 +52,12 @@ class Upstream:
     #: ``b""`` or ``b"/base"`` (no trailing slash), ASCII, prefixed to every target.
     base_path: bytes = b""
     _credentials: str | None = field(default=None, repr=False, compare=False)
+    _netloc: bytes = field(default=b"", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = "" if self.port == _DEFAULT_PORTS[self.scheme] else f":{self.port}"
+        object.__setattr__(self, "_netloc", f"{host}{port}".encode("ascii"))
 
     @classmethod
     def parse(cls, url: str) -> Upstream:
@@ -80,10 +86,7 @@ class Upstream:
     @property
     def netloc(self) -> bytes:
         """``host[:port]`` as a ``Host`` header value (default port left out)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        if self.port == _DEFAULT_PORTS[self.scheme]:
-            return host.encode("ascii")
-        return f"{host}:{self.port}".encode("ascii")
+        return self._netloc
 
     @property
     def origin(self) -> str:

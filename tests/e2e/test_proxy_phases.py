@@ -172,3 +172,26 @@ def test_pool_idle_expiry_avoids_stale_connections(
             statuses.append(int(client.recv(65536).split(b" ", 2)[1]))
             time.sleep(0.3)  # the idle gap under test: longer than the 100 ms expiry
     assert statuses == [200, second]
+
+
+def _huge(conn: socket.socket, index: int) -> None:
+    read_request(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 20000000\r\n\r\n")
+    conn.sendall(b"x" * 20_000_000)
+
+
+def test_client_that_stops_reading_is_disconnected(serve: Any, upstreams: Any) -> None:
+    """A client that never reads a 20 MB response is cut after proxy.send_timeout_ms."""
+    up = upstreams(_huge)
+    port = serve(ProxyApp(f"http://127.0.0.1:{up.port}",
+                          config=ProxyConfig(send_timeout_ms=300)))  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(b"GET /big HTTP/1.1\r\nHost: gw\r\n\r\n")
+        time.sleep(1.5)  # the client not reading is the behaviour under test
+        received = 0
+        try:
+            while chunk := client.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+    assert received < 20_000_000  # aborted, not delivered

@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--admin-port", type=int, default=8081, help="admin port, 0 to disable (default 8081)"
     )
+    p.add_argument("--ssl-certfile", help="PEM certificate: serve https (server.ssl_certfile)")
+    p.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile (server.ssl_keyfile)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.add_argument("--access-log", action="store_true", help="log every request (slow)")
     return p
@@ -76,6 +78,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["limiter.algorithm"] = args.limiter
     if args.fixed_limit is not None:
         out["limiter.fixed_limit"] = args.fixed_limit
+    if args.ssl_certfile:
+        out["server.ssl_certfile"] = args.ssl_certfile
+    if args.ssl_keyfile:
+        out["server.ssl_keyfile"] = args.ssl_keyfile
     return out
 
 
@@ -125,14 +131,15 @@ def _url(sock: socket.socket, scheme: str = "http") -> str:
 def banner(gateway: Gateway, traffic: socket.socket, admin: socket.socket | None) -> str:
     """The start-up line: where traffic and admin are served, and what is proxied."""
     cfg = gateway.config
+    scheme = "https" if cfg.server.ssl_certfile else "http"
     line = (
-        f"ballast: serving {_url(traffic)} -> {redact_userinfo(cfg.upstream or '')} "
+        f"ballast: serving {_url(traffic, scheme)} -> {redact_userinfo(cfg.upstream or '')} "
         f"(limiter {cfg.limiter.algorithm})"
     )
     if admin is not None:
-        line += f"; admin {_url(admin)}/ (metrics, snapshot, health)"
+        line += f"; admin {_url(admin, scheme)}/ (metrics, snapshot, health)"
     if cfg.admin.on_traffic_port:
-        line += f"; {_url(traffic)}/_ballast/health"
+        line += f"; {_url(traffic, scheme)}/_ballast/health"
     return line
 
 

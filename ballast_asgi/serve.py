@@ -139,6 +139,8 @@ def uvicorn_settings(server: ServerConfig) -> dict[str, Any]:
         "timeout_keep_alive": server.keep_alive_ms / 1000.0,
         "limit_concurrency": server.max_connections,
         "timeout_graceful_shutdown": server.shutdown_timeout_ms / 1000.0,
+        "ssl_certfile": server.ssl_certfile,
+        "ssl_keyfile": server.ssl_keyfile,
     }
 
 

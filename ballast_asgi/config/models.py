@@ -13,6 +13,7 @@ The YAML may optionally nest everything under a top-level ``gateway:`` key.
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -28,6 +29,12 @@ LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradien
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _readable(path: str | None, key: str) -> str | None:
+    if path is not None and not os.access(path, os.R_OK):
+        raise ValueError(f"{key}: cannot read {path!r}")
+    return path
 
 
 def _check_cidrs(v: tuple[str, ...]) -> tuple[str, ...]:
@@ -53,6 +60,8 @@ class ProxyConfig(_Frozen):
     #: Which httpx transport the proxy uses by default.
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     max_connections: int = Field(1_000, ge=1, le=100_000)
+    #: PEM file of CA certificates for https upstreams (None: the system's; always verified).
+    ca_file: str | None = None
     #: Direct peers whose X-Forwarded-For / X-Forwarded-Proto are believed (CIDRs).
     #: Empty (the default): forwarded headers are passed on but believed for nothing.
     trusted_proxies: tuple[str, ...] = ()
@@ -68,6 +77,11 @@ class ProxyConfig(_Frozen):
     #: Send the client's Host upstream instead of the upstream's (then redirects
     #: need no rewriting); by default Location headers are rewritten (redirects.py).
     preserve_host: bool = False
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca(cls, v: str | None) -> str | None:
+        return _readable(v, "proxy.ca_file")
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -281,10 +295,21 @@ class ServerConfig(_Frozen):
     max_header_bytes: int = Field(65_536, ge=1_024, le=16 * 1024 * 1024)
     #: Open connections (and running requests) above which uvicorn answers 503.
     max_connections: int = Field(10_000, ge=1, le=1_000_000)
+    #: PEM certificate chain and key: serve TLS (https) on the traffic and admin ports.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     #: On SIGTERM: health answers 503 ``draining`` and traffic is still served this long.
     drain_grace_ms: int = Field(5_000, ge=0, le=600_000)
     #: Then the listener closes; in-flight and queued requests get this long to finish.
     shutdown_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
+
+    @model_validator(mode="after")
+    def _tls(self) -> ServerConfig:
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("server.ssl_keyfile needs server.ssl_certfile")
+        for key in ("ssl_certfile", "ssl_keyfile"):
+            _readable(getattr(self, key), f"server.{key}")
+        return self
 
 
 class WebSocketConfig(_Frozen):

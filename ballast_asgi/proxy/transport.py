@@ -30,6 +30,7 @@ any other aiohttp.ClientError               RemoteProtocolError
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -184,12 +185,15 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         max_connections: int = 1_000,
         keepalive_s: float = 1.5,
         max_field_size: int = 65_536,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self.max_field_size = max_field_size
+        #: Verification for https upstreams (None: aiohttp's default, verified).
+        self.ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._fallback: httpx.AsyncHTTPTransport | None = None
 
@@ -199,6 +203,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             limit_per_host=0,
             keepalive_timeout=self.keepalive_s,
             ttl_dns_cache=60,
+            ssl=self.ssl_context if self.ssl_context is not None else True,
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -307,19 +312,29 @@ async def _aiter(stream: object) -> AsyncIterator[bytes]:
 def make_transport(config: ProxyConfig) -> httpx.AsyncBaseTransport:
     """The proxy's transport chosen by ``config.transport`` ("aiohttp" or "httpx")."""
     idle_s = config.pool_idle_timeout_ms / 1000.0
+    context = upstream_ssl_context(config.ca_file)
     if config.transport == "aiohttp":
-        return AiohttpTransport(max_connections=config.max_connections, keepalive_s=idle_s)
-    return _httpx_transport(config.max_connections, idle_s)
+        return AiohttpTransport(
+            max_connections=config.max_connections, keepalive_s=idle_s, ssl_context=context
+        )
+    return _httpx_transport(config.max_connections, idle_s, context)
 
 
-def _httpx_transport(max_connections: int, idle_s: float) -> httpx.AsyncHTTPTransport:
+def upstream_ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """Certificates of https upstreams are always verified: the system's CAs or ``ca_file``."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def _httpx_transport(
+    max_connections: int, idle_s: float, context: ssl.SSLContext | bool = True
+) -> httpx.AsyncHTTPTransport:
     """httpx's pool with proxy settings: no environment, no retries, idle expiry ``idle_s``."""
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
         keepalive_expiry=idle_s,
     )
-    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0)
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0, verify=context)
 
 
 __all__ = ["AiohttpResponseStream", "AiohttpTransport", "make_transport", "map_error"]

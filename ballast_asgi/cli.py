@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
@@ -36,7 +35,9 @@ from ballast_asgi.config.load import check_file
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.gateway import Gateway, build_gateway
-from ballast_asgi.serve import uvicorn_settings
+from ballast_asgi.serve import QuietServer, uvicorn_settings
+from ballast_asgi.supervisor import run_workers
+from ballast_asgi.workers import scale_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ssl-certfile", help="PEM certificate: serve https (server.ssl_certfile)")
     p.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile (server.ssl_keyfile)")
+    p.add_argument(
+        "--workers", type=int, default=1,
+        help="processes sharing the port; every cap is divided between them (default 1)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.add_argument("--access-log", action="store_true", help="log every request (slow)")
     return p
@@ -94,14 +99,6 @@ def check_config(path: str) -> int:
         return 2
     print(f"ok: {path}")
     return 0
-
-
-class _Server(uvicorn.Server):
-    """A uvicorn server whose signals are handled by ``serve_gateway``."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 def bind(host: str, port: int, what: str) -> socket.socket:
@@ -149,10 +146,10 @@ async def serve_gateway(
     """Serve the gateway (and its admin app) on bound sockets until SIGINT/SIGTERM."""
     gateway.server_may_rewrite = False
     settings = {**uvicorn_settings(gateway.config.server), **kw}
-    pairs = [(_Server(uvicorn.Config(gateway, lifespan="on", **settings)), traffic)]
+    pairs = [(QuietServer(uvicorn.Config(gateway, lifespan="on", **settings)), traffic)]
     if admin is not None:
         config = uvicorn.Config(gateway.admin_app(), lifespan="off", **settings)
-        pairs.append((_Server(config), admin))
+        pairs.append((QuietServer(config), admin))
     loop = asyncio.get_running_loop()
     servers = [s for s, _ in pairs]
     draining: list[asyncio.Task[None]] = []
@@ -192,7 +189,10 @@ async def drain(gateway: Gateway, servers: Sequence[uvicorn.Server]) -> None:
 
 def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.socket | None]:
     config = load_config(path=args.config, overrides=_overrides(args))
-    gateway = build_gateway(config, config_path=args.config)
+    gateway = build_gateway(
+        scale_config(config, args.workers), config_path=args.config, overrides=_overrides(args)
+    )
+    gateway.set_worker(0, args.workers)
     traffic = bind(args.host, args.port, "traffic port")
     try:
         admin = bind(args.host, args.admin_port, "admin port") if args.admin_port else None
@@ -200,6 +200,32 @@ def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.soc
         traffic.close()
         raise
     return gateway, traffic, admin
+
+
+def _run(main: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+def _workers(
+    args: argparse.Namespace,
+    first: Gateway,
+    traffic: socket.socket,
+    admin: socket.socket | None,
+    kw: dict[str, Any],
+) -> int:
+    """``--workers N``: each worker its own gateway (with 1/N of every cap) on the shared port."""
+    settings = {**uvicorn_settings(first.config.server), **kw}
+
+    def run(index: int, traffic: socket.socket, worker_admin: socket.socket) -> None:
+        first.set_worker(index, args.workers)  # a forked copy: nothing is shared
+        _run(serve_gateway(first, traffic, worker_admin, **kw))
+
+    return run_workers(args.workers, traffic, admin, run, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,12 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(banner(gateway, traffic, admin), file=sys.stderr, flush=True)
     kw = {"log_level": args.log_level, "access_log": args.access_log}
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
-        asyncio.run(serve_gateway(gateway, traffic, admin, **kw))
-    else:
-        uvloop.run(serve_gateway(gateway, traffic, admin, **kw))
+    if args.workers > 1:
+        return _workers(args, gateway, traffic, admin, kw)
+    _run(serve_gateway(gateway, traffic, admin, **kw))
     return 0
 
 

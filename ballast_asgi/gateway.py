@@ -55,6 +55,7 @@ from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.serve import adopt_uvicorn
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.workers import scale_config
 
 
 class Gateway:
@@ -99,6 +100,8 @@ class Gateway:
         self._warned_rewrite = False
         #: Set when a graceful shutdown begins: health answers 503 ``draining``.
         self.draining = False
+        #: ``ballast --workers N``: this process's index, N and PID (shown in the snapshot).
+        self.worker: dict[str, int] | None = None
         self.websockets = WebSocketProxy(
             config=config.websocket,
             selector=self.proxy.selector,
@@ -127,6 +130,10 @@ class Gateway:
             enabled=enabled,
             health=self.health,
         )
+
+    def set_worker(self, index: int, of: int) -> None:
+        """Mark this gateway as worker ``index`` of ``of`` (its config already scaled)."""
+        self.worker = {"index": index, "of": of, "pid": os.getpid()} if of > 1 else None
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """200 ``ok``, or 503 ``draining`` once a graceful shutdown began."""
@@ -212,6 +219,8 @@ class Gateway:
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }
+        if self.worker is not None:
+            doc["worker"] = self.worker
         if self.discovery is not None:  # the applied config version (docs/discovery.md)
             doc["config_version"] = self.discovery.config_version
             doc["discovery"] = self.discovery.snapshot()
@@ -222,6 +231,8 @@ class Gateway:
         path, env, overrides = self._source
         try:
             new = load_config(env=env, path=path, overrides=overrides)
+            if self.worker is not None:
+                new = scale_config(new, self.worker["of"])
             if new.upstream != self.config.upstream or new.proxy != self.config.proxy:
                 raise ConfigError("upstream and proxy.* changes need a restart; nothing applied")
             if new.discovery != self.config.discovery:

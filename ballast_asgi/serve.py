@@ -26,15 +26,33 @@ by uvicorn), and a hand-written server can pass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import Generator
 from types import FrameType
 from typing import Any, Protocol
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ballast_asgi.config.models import ServerConfig
 
-__all__ = ["GuardedHttpToolsProtocol", "adopt_uvicorn", "guarded_protocol", "uvicorn_settings"]
+__all__ = [
+    "GuardedHttpToolsProtocol",
+    "QuietServer",
+    "adopt_uvicorn",
+    "guarded_protocol",
+    "uvicorn_settings",
+]
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to its caller."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
 
 #: uvicorn's own defaults, which ``adopt_uvicorn`` may replace (explicit flags are kept).
 _UVICORN_KEEP_ALIVE_S = 5

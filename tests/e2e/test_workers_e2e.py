@@ -1,0 +1,80 @@
+"""`ballast --workers 2`: the cap is divided, /metrics counts both workers, SIGTERM drains both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ballast_asgi.config import build_config
+from ballast_asgi.workers import merge_metrics, scale_config
+from tests.e2e.raw import metric
+from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_thread, wait_http
+from tests.e2e.test_trust_e2e import Recorder
+
+pytestmark = pytest.mark.e2e
+
+
+def test_scale_config_divides_every_cap() -> None:
+    """Each of 3 workers gets ceil(cap / 3); an adaptive limiter keeps min <= initial <= max."""
+    config = build_config({"upstream": "http://u", "max_concurrent_requests": 10,
+                           "limiter": {"algorithm": "gradient"}})  # fmt: skip
+    one = scale_config(config, 3)
+    assert one.max_concurrent_requests == 4 and one.limiter.max_limit == 334
+    assert one.capacity.max_held_requests == 1366 and one.websocket.max_connections == 334
+    assert one.limiter.min_limit <= one.limiter.initial_limit <= one.limiter.max_limit
+    assert scale_config(config, 1) is config
+
+
+def test_merge_metrics_sums_counters_and_takes_max_of_latency_gauges() -> None:
+    """Counters and additive gauges add up; *_seconds gauges take the maximum."""
+    a = (
+        '# TYPE ballast_requests counter\nballast_requests_total{priority="bulk"} 2.0\n'
+        "# TYPE ballast_inflight_requests gauge\nballast_inflight_requests 3.0\n"
+        "# TYPE ballast_limiter_rtt_min_seconds gauge\nballast_limiter_rtt_min_seconds 0.02\n"
+    )
+    b = a.replace("2.0", "5.0").replace("3.0", "1.0").replace("0.02", "0.05")
+    merged = merge_metrics([a, b])
+    assert metric(merged, "ballast_requests_total", priority="bulk") == 7
+    assert metric(merged, "ballast_inflight_requests") == 4
+    assert metric(merged, "ballast_limiter_rtt_min_seconds") == 0.05
+
+
+def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
+    """Limit 10 over 2 workers is 5 each (not 10 each); /metrics counts every request once."""
+    rec, up_port = Recorder(), free_port()
+    server, thread = serve_in_thread(rec, up_port)
+    port, admin = free_port(), free_port()
+    config = tmp_path / "gw.yaml"
+    config.write_text(f"upstream: http://127.0.0.1:{up_port}\nmax_concurrent_requests: 10\n"
+                      "server: {drain_grace_ms: 0}\n")  # fmt: skip
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+            str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{admin}/health", proc)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
+        for _ in range(20):
+            with httpx.Client() as client:  # a new connection each time
+                assert client.get(f"http://127.0.0.1:{port}/x").status_code == 200
+        snap = httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()
+        text = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
+        one = httpx.get(f"http://127.0.0.1:{port}/_ballast/snapshot").json()
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        stop_thread(server, thread)
+    workers = snap["workers"]
+    assert sorted(w["worker"]["index"] for w in workers) == [0, 1]
+    assert [w["limiter"]["limit"] for w in workers] == [5, 5]
+    assert one["worker"]["of"] == 2 and one["limiter"]["limit"] == 5
+    assert metric(text, "ballast_concurrency_limit") == 10
+    assert metric(text, "ballast_requests_total", priority="standard") == 20
+    assert len(rec.seen) == 20 and code == 0

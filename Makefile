@@ -45,6 +45,12 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) \
 	    >/dev/null 2>&1 || echo "warning: could not install redis-server; rate-limit tests fail"; \
 	fi
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium (Debian) for the dashboard browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+	    >/dev/null 2>&1 || echo "warning: could not install chromium; the dashboard test fails"; \
+	fi
 
 pytest: $(STAMP) system-deps
 	$(PY) -m pytest -q

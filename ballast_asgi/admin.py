@@ -18,8 +18,10 @@ Paths are matched relative to ``scope["root_path"]``: under ``uvicorn
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -35,7 +37,7 @@ FlagFn = Callable[[], bool]
 #: Health hook: (status, JSON body); 503 ``draining`` during a graceful shutdown.
 HealthFn = Callable[[], tuple[int, dict[str, Any]]]
 #: Paths served without the token even when ``protect`` is on (load-balancer probes).
-_OPEN = frozenset({"/health"})
+_OPEN = frozenset({"/health", "/dashboard", ""})
 
 
 class AdminRouter:
@@ -70,7 +72,10 @@ class AdminRouter:
             f"{prefix}/snapshot": self._snapshot_json,
             f"{prefix}/health": self._health,
             f"{prefix}/reload": self._reload_route,
+            f"{prefix}/dashboard": self._dashboard,
         }
+        if not prefix:  # the admin port: the dashboard at its root too
+            self._routes["/"] = self._dashboard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -132,6 +137,22 @@ class AdminRouter:
             status, body = self._health_state()
             await send_json(send, status, body)
 
+    async def _dashboard(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The live dashboard page: static, self-contained; its data comes from ``snapshot``."""
+        if not await _allow(scope, send, ("GET", "HEAD")):
+            return
+        body = dashboard_html()
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+            (b"content-security-policy", _CSP),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(
+            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
+        )
+
     async def _reload_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = self._token()
         if self._reload is None or not token:
@@ -155,6 +176,19 @@ async def _allow(scope: Scope, send: Send, methods: tuple[str, ...]) -> bool:
     allow = (b"allow", ", ".join(methods).encode())
     await send_json(send, 405, {"error": "method_not_allowed"}, [allow])
     return False
+
+
+#: The page may only talk to where it came from (no CDN, no external fetch).
+_CSP = (
+    b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    b"connect-src 'self'; img-src 'self' data:"
+)
+
+
+@functools.cache
+def dashboard_html() -> bytes:
+    """``static/dashboard.html`` (read once)."""
+    return resources.files("ballast_asgi").joinpath("static/dashboard.html").read_bytes()
 
 
 def _relative(scope: Scope) -> str:

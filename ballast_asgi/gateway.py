@@ -36,11 +36,12 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
+from ballast_asgi.access_log import AccessLog
 from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.core.classify import Classifier
-from ballast_asgi.core.errors import ConfigError
+from ballast_asgi.core.errors import ConfigError, HeaderError
 from ballast_asgi.core.forwarded import (
     CLIENT_IP_KEY,
     ForwardedTrust,
@@ -113,10 +114,24 @@ class Gateway:
         self._app = self._compose(config)
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
-        stack = build_stack(self.proxy, self.parts, config, retries=True)
+        logged = config.access_log.enabled
+        inner = AccessLog.inner(self.proxy) if logged else self.proxy
+        stack = build_stack(inner, self.parts, config, retries=True)
         if self.discovery is not None:  # lifespan starts it; 503 until a first version
             stack = self.discovery.wrap(stack)
-        return self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+        app = self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+        return AccessLog(app, classify=self._tier) if logged else app
+
+    def _tier(self, scope: Scope) -> str | None:
+        """The tier of a request that never reached the terminal app (for the access log)."""
+        client = scope.get("client")
+        try:
+            tier, _ = self.websockets.classifier.classify(
+                scope["method"], scope["path"], scope["headers"], client[0] if client else None
+            )
+        except HeaderError:
+            return None
+        return tier.label
 
     def _admin(self, app: ASGIApp | None, prefix: str, enabled: Any) -> AdminRouter:
         return AdminRouter(

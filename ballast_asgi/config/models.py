@@ -327,6 +327,14 @@ class WebSocketConfig(_Frozen):
     open_timeout_ms: int = Field(5_000, ge=1, le=600_000)
 
 
+class AccessLogConfig(_Frozen):
+    """The optional JSON access log (ballast_asgi/access_log.py)."""
+
+    #: One JSON line per request on stdout (method, path, status, priority, shed
+    #: reason, queue wait, upstream, duration).
+    enabled: bool = False
+
+
 class EtcdConfig(_Frozen):
     """The etcd cluster discovery uses."""
 
@@ -407,6 +415,7 @@ class GatewayConfig(_Frozen):
     discovery: DiscoveryConfig | None = None
     server: ServerConfig = ServerConfig()
     websocket: WebSocketConfig = WebSocketConfig()
+    access_log: AccessLogConfig = AccessLogConfig()
     #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
     rate_limit: RateLimitConfig = RateLimitConfig()
 

@@ -59,7 +59,7 @@ def test_cli_terminates_tls(pems: tuple[Path, Path, Path]) -> None:
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     verify = ssl.create_default_context(cafile=str(ca_pem))
     try:
-        limit = time.monotonic() + 20
+        limit = time.monotonic() + 60
         while True:  # bounded readiness poll
             assert proc.poll() is None and time.monotonic() < limit
             try:

@@ -66,7 +66,7 @@ def gateway(form: str, config: Path) -> Iterator[int]:
         args = ["-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port)]
     proc = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
         yield port
     finally:
         stop_process(proc)

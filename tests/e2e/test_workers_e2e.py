@@ -56,8 +56,8 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{admin}/health", proc)
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
+        wait_http(f"http://127.0.0.1:{admin}/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
         for _ in range(20):
             with httpx.Client() as client:  # a new connection each time
                 assert client.get(f"http://127.0.0.1:{port}/x").status_code == 200

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-quick experiment-ratelimit bench clean system-deps \
+.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench clean system-deps \
 	experiment-discovery
 
 $(STAMP): pyproject.toml
@@ -62,6 +62,9 @@ demo: $(STAMP)
 
 experiment: $(STAMP)
 	$(PY) -m experiments.sweep
+
+experiment-pool: $(STAMP)
+	$(PY) -m experiments.pool --out experiments/pool/out
 
 experiment-quick: $(STAMP)
 	$(PY) -m experiments.sweep --quick

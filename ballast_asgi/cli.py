@@ -129,8 +129,9 @@ def banner(gateway: Gateway, traffic: socket.socket, admin: socket.socket | None
     """The start-up line: where traffic and admin are served, and what is proxied."""
     cfg = gateway.config
     scheme = "https" if cfg.server.ssl_certfile else "http"
+    upstream = ",".join(redact_userinfo(i.url) for i in cfg.instances)
     line = (
-        f"ballast: serving {_url(traffic, scheme)} -> {redact_userinfo(cfg.upstream or '')} "
+        f"ballast: serving {_url(traffic, scheme)} -> {upstream} "
         f"(limiter {cfg.limiter.algorithm})"
     )
     if admin is not None:

@@ -56,6 +56,7 @@ from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.serve import adopt_uvicorn
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
 from ballast_asgi.workers import scale_config
 
 
@@ -79,18 +80,34 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.metrics = Metrics(registry)
-        self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=rng)
+        self.rng = rng or random.Random()
+        self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=self.rng)
         self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
         if self.discovery is not None:
             self.discovery.register_metrics(self.metrics.registry)
-        self.proxy = ProxyApp(
-            config.upstream,
-            config=config.proxy,
-            transport=transport,
-            metrics=self.metrics,
-            clock=clock,
-            selector=self.discovery.selector if self.discovery else None,
+        self.pool = (
+            None
+            if self.discovery
+            else PoolRuntime.build(
+                config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport
+            )
         )
+        self.proxy_app = (
+            self.pool.proxy
+            if self.pool is not None
+            else ProxyApp(
+                config.instances[0].url if config.instances else None,
+                config=config.proxy,
+                transport=transport,
+                metrics=self.metrics,
+                clock=clock,
+                selector=self.discovery.selector if self.discovery else None,
+            )
+        )
+        #: The terminal app (the pool's proxy is wrapped so lifespan runs its probes).
+        self.proxy: ASGIApp = self.pool.app if self.pool is not None else self.proxy_app
+        if self.pool is not None:
+            self.pool.attach(self.parts)
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
         self.loaded_at = time.time()
@@ -105,7 +122,7 @@ class Gateway:
         self.worker: dict[str, int] | None = None
         self.websockets = WebSocketProxy(
             config=config.websocket,
-            selector=self.proxy.selector,
+            selector=self.proxy_app.selector,
             classifier=Classifier(config.priority),
             metrics=self.metrics,
             default_priority=config.priority.default,
@@ -227,10 +244,19 @@ class Gateway:
     def snapshot(self) -> dict[str, Any]:
         """The live state of every stage as one JSON-safe document."""
         doc = self.parts.snapshot(self.clock())
+        doc["upstreams"] = (
+            self.pool.snapshot()
+            if self.pool is not None
+            else plain_snapshot(self.proxy_app.selector)
+        )
         doc["config"] = {
             "version": self.version,
             "loaded_at": self.loaded_at,
-            "upstream": redact_userinfo(self.config.upstream or ""),
+            "upstream": (
+                redact_userinfo(self.config.upstream)
+                if isinstance(self.config.upstream, str)
+                else [u["url"] for u in doc["upstreams"]]
+            ),
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }
@@ -248,14 +274,15 @@ class Gateway:
             new = load_config(env=env, path=path, overrides=overrides)
             if self.worker is not None:
                 new = scale_config(new, self.worker["of"])
-            if new.upstream != self.config.upstream or new.proxy != self.config.proxy:
-                raise ConfigError("upstream and proxy.* changes need a restart; nothing applied")
+            _check_reloadable(self.config, new, pooled=self.pool is not None)
             if new.discovery != self.config.discovery:
                 raise ConfigError("discovery.* changes need a restart; nothing applied")
         except ConfigError as exc:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))
         reconfigure_parts(self.parts, self.config, new, self.clock())
+        if self.pool is not None:
+            self.pool.reload(new, self.parts)
         self.config = new
         self.websockets.config = new.websocket
         self.websockets.classifier = Classifier(new.priority)
@@ -264,6 +291,19 @@ class Gateway:
         self.loaded_at = time.time()
         self.metrics.config_reloads.labels("ok").inc()
         return True, f"config version {self.version} applied"
+
+
+def _check_reloadable(old: GatewayConfig, new: GatewayConfig, *, pooled: bool) -> None:
+    """Raise ConfigError for changes a reload cannot apply (a pool may change its instances)."""
+    if new.proxy != old.proxy or new.upstreams != old.upstreams:
+        raise ConfigError("proxy.* and upstreams.* changes need a restart; nothing applied")
+    if pooled and len(new.instances) >= 2:
+        return
+    if new.upstream != old.upstream:
+        raise ConfigError(
+            "upstream changes need a restart unless the gateway runs a pool (a list of "
+            "instances) and keeps one; nothing applied"
+        )
 
 
 #: Build the whole gateway from one config object (the composition root's entry point).

@@ -13,7 +13,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ballast_asgi.config.models import LIMITER_NAMES, GatewayConfig
+from ballast_asgi.config.models import (
+    LIMITER_NAMES,
+    UPSTREAM_LIST_TAG,
+    UPSTREAM_URL_TAG,
+    GatewayConfig,
+)
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
 
@@ -41,11 +46,15 @@ def _where(mark: yaml.Mark | None) -> str:
     return f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}"
 
 
+#: Union tags pydantic puts in error locations; users never wrote them.
+_UNION_TAGS = frozenset({UPSTREAM_URL_TAG, UPSTREAM_LIST_TAG})
+
+
 def format_validation_error(err: ValidationError, source: str = "config") -> str:
     """One line naming the first failing key path and what is allowed."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in e["loc"] if x not in _UNION_TAGS) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"

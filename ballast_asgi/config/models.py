@@ -15,10 +15,18 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from ballast_asgi.core.priority import Priority, parse_priority_name
 from ballast_asgi.ratelimit.config import RateLimitConfig
@@ -393,11 +401,116 @@ class DiscoveryConfig(_Frozen):
         return self
 
 
+class UpstreamInstance(_Frozen):
+    """One upstream instance: base URL and relative weight."""
+
+    url: str
+    #: Relative share of traffic (balancers draw in proportion to it).
+    weight: float = Field(1.0, gt=0.0, le=1_000.0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _check_url(v)
+
+
+class HealthCheckConfig(_Frozen):
+    """Active HTTP probes of each instance (pools only), off the request path."""
+
+    enabled: bool = True
+    #: Probed with GET; a 2xx/3xx within timeout_ms passes.
+    path: str = "/health"
+    interval_ms: int = Field(500, ge=10, le=600_000)
+    timeout_ms: int = Field(1_000, ge=1, le=60_000)
+    #: Passed probes in a row that bring an unhealthy instance back.
+    healthy_threshold: int = Field(2, ge=1, le=100)
+    #: Failed probes in a row that take a healthy instance out.
+    unhealthy_threshold: int = Field(3, ge=1, le=100)
+    #: Each delay is interval_ms * (1 +/- jitter), drawn at random.
+    jitter: float = Field(0.1, ge=0.0, le=0.5)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/") or any(c in v for c in " \r\n#"):
+            raise ValueError("must be a path starting with '/', e.g. /health")
+        return v
+
+
+class OutlierConfig(_Frozen):
+    """Passive ejection from observed failures (see docs/pool.md)."""
+
+    enabled: bool = True
+    #: Gateway failures in a row (connect error, reset, timeout, 502/503/504) that eject.
+    consecutive_failures: int = Field(5, ge=1, le=10_000)
+    #: Success-rate rule: trailing window, evaluation period, minimum calls.
+    window_ms: int = Field(2_000, ge=10, le=600_000)
+    interval_ms: int = Field(250, ge=1, le=600_000)
+    min_requests: int = Field(20, ge=1, le=1_000_000)
+    #: Eject when the success rate is this far below the other instances' (and z-test).
+    success_rate_gap: float = Field(0.2, gt=0.0, le=1.0)
+    z: float = Field(3.0, ge=0.0, le=10.0)
+    #: Ejection time: base * (ejections in a row), capped.
+    base_ejection_ms: int = Field(5_000, ge=1, le=3_600_000)
+    max_ejection_ms: int = Field(60_000, ge=1, le=3_600_000)
+    #: At most this share of instances ejected at once (always at least one).
+    max_ejection_percent: float = Field(50.0, ge=0.0, le=100.0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> OutlierConfig:
+        if self.base_ejection_ms > self.max_ejection_ms:
+            raise ValueError("upstreams.outlier.base_ejection_ms must be <= max_ejection_ms")
+        return self
+
+
+class UpstreamsConfig(_Frozen):
+    """How a list of upstream instances is balanced and watched."""
+
+    #: p2c (power of two choices) or round_robin, both weighted.
+    balancer: Literal["p2c", "round_robin"] = "p2c"
+    #: What p2c compares: requests in flight, or peak-EWMA RTT times that.
+    scoring: Literal["least_outstanding", "peak_ewma"] = "least_outstanding"
+    #: Below this share of routable instances, every instance is used.
+    panic_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    #: Each instance gets its own limiter (the limiter section's algorithm).
+    per_instance_limit: bool = True
+    #: Each instance gets its own breaker (the breaker section's settings).
+    per_instance_breaker: bool = True
+    health_check: HealthCheckConfig = HealthCheckConfig()
+    outlier: OutlierConfig = OutlierConfig()
+
+
+def _check_url(v: str) -> str:
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
+    return v.rstrip("/")
+
+
+#: At most this many instances in one pool (bounds the metrics' instance label).
+MAX_INSTANCES = 64
+#: Union tags of ``upstream`` (left out of error locations by ``format_validation_error``).
+UPSTREAM_URL_TAG = "url-string"
+UPSTREAM_LIST_TAG = "instance-list"
+
+
+def _upstream_kind(v: Any) -> str:
+    return UPSTREAM_URL_TAG if isinstance(v, str) else UPSTREAM_LIST_TAG
+
+
 class GatewayConfig(_Frozen):
     """The whole stack."""
 
-    #: Upstream base URL; required by the standalone gateway, unused by ``install``.
-    upstream: str | None = None
+    #: Upstream base URL, or a list of instances (URLs or {url, weight}; a
+    #: comma-separated string too); required by the standalone gateway.
+    upstream: (
+        Annotated[
+            Annotated[str, Tag(UPSTREAM_URL_TAG)]
+            | Annotated[tuple[UpstreamInstance, ...], Tag(UPSTREAM_LIST_TAG)],
+            Discriminator(_upstream_kind),
+        ]
+        | None
+    ) = None
     #: A hard cap on concurrent upstream requests (the fixed limiter's limit).
     max_concurrent_requests: int | None = Field(1_000, ge=1, le=100_000)
     load_shed_dry_run: bool = False
@@ -418,16 +531,39 @@ class GatewayConfig(_Frozen):
     access_log: AccessLogConfig = AccessLogConfig()
     #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
     rate_limit: RateLimitConfig = RateLimitConfig()
+    upstreams: UpstreamsConfig = UpstreamsConfig()
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        if isinstance(v, str) and "," in v:
+            v = [u.strip() for u in v.split(",") if u.strip()]
+        if isinstance(v, list | tuple):
+            if not 1 <= len(v) <= MAX_INSTANCES:
+                raise ValueError(f"must list 1..{MAX_INSTANCES} instances, got {len(v)}")
+            return tuple({"url": u} if isinstance(u, str) else u for u in v)
+        return v
 
     @field_validator("upstream")
     @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
-        return v.rstrip("/")
+    def _url(
+        cls, v: str | tuple[UpstreamInstance, ...] | None
+    ) -> str | tuple[UpstreamInstance, ...] | None:
+        if isinstance(v, tuple):
+            urls = [i.url for i in v]
+            if len(set(urls)) != len(urls):
+                raise ValueError("lists the same instance URL twice")
+            return v
+        return None if v is None else _check_url(v)
+
+    @property
+    def instances(self) -> tuple[UpstreamInstance, ...]:
+        """The upstream as a list of instances (one for a single URL, none when unset)."""
+        if self.upstream is None:
+            return ()
+        if isinstance(self.upstream, str):
+            return (UpstreamInstance(url=self.upstream),)
+        return self.upstream
 
     @model_validator(mode="after")
     def _cap(self) -> GatewayConfig:

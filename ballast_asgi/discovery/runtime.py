@@ -84,7 +84,7 @@ class DiscoveryRuntime:
         from ballast_asgi.discovery.selector import ListSelector
 
         assert config.discovery is not None
-        bootstrap = [config.upstream] if config.upstream else []
+        bootstrap = [i.url for i in config.instances]
         selector = ListSelector(bootstrap)
         runtime = cls(config.discovery, selector.set_instances, bootstrapped=bool(bootstrap))
         runtime.selector = selector

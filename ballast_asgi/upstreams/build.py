@@ -1,0 +1,63 @@
+"""Building a pool from the gateway config (composition helper, no I/O)."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from ballast_asgi.core.breaker import Breaker
+from ballast_asgi.core.limit import make_limit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.stack import make_algorithm
+from ballast_asgi.upstreams.health import HealthPolicy
+from ballast_asgi.upstreams.instance import InstanceSpec
+from ballast_asgi.upstreams.outlier import OutlierPolicy
+from ballast_asgi.upstreams.pool import Pool, PoolPolicy
+
+if TYPE_CHECKING:
+    from ballast_asgi.config import GatewayConfig
+
+
+def specs(config: GatewayConfig) -> list[InstanceSpec]:
+    """The configured instances as pool specs."""
+    return [InstanceSpec(i.url, i.weight) for i in config.instances]
+
+
+def policy(config: GatewayConfig) -> PoolPolicy:
+    """The pool policy described by ``config.upstreams``."""
+    u = config.upstreams
+    o = u.outlier
+    h = u.health_check
+    return PoolPolicy(
+        balancer=u.balancer,
+        scoring=u.scoring,
+        panic_threshold=u.panic_threshold,
+        outlier=OutlierPolicy(**o.model_dump()),
+        health=HealthPolicy(**h.model_dump()),
+    )
+
+
+def build_pool(config: GatewayConfig, rng: random.Random) -> Pool:
+    """A pool over ``config.instances`` with per-instance limiters and breakers."""
+    return Pool(
+        specs(config),
+        make_limiter=lambda: instance_limiter(config, rng),
+        make_breaker=lambda: instance_breaker(config),
+        policy=policy(config),
+        rng=rng,
+    )
+
+
+def instance_limiter(config: GatewayConfig, rng: random.Random) -> Limiter:
+    """One instance's limiter: the limiter section's algorithm, or no real limit."""
+    if not config.upstreams.per_instance_limit:
+        return Limiter(make_limit("fixed", limit=config.max_limit))
+    max_limit = config.max_limit
+    algorithm = make_algorithm(config, rng)
+    return Limiter(algorithm, max_limit=max_limit)
+
+
+def instance_breaker(config: GatewayConfig) -> Breaker:
+    """One instance's breaker: the breaker section's settings, or one that never opens."""
+    enabled = config.upstreams.per_instance_breaker and config.breaker.enabled
+    return Breaker.from_config(config.breaker.model_copy(update={"enabled": enabled}))

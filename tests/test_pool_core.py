@@ -1,0 +1,218 @@
+"""The pool core: eligibility, panic mode, exclusion, per-instance limits and breakers, reload."""
+
+from __future__ import annotations
+
+import ast
+import random
+from collections import Counter
+from pathlib import Path
+
+from ballast_asgi.core.breaker import Breaker
+from ballast_asgi.core.limit import make_limit
+from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.outcome import AttemptOutcome
+from ballast_asgi.upstreams.health import HealthPolicy
+from ballast_asgi.upstreams.instance import InstanceSpec, display_url
+from ballast_asgi.upstreams.limit import PoolLimit
+from ballast_asgi.upstreams.outlier import OutlierPolicy
+from ballast_asgi.upstreams.pool import Pool, PoolPolicy, is_gateway_failure
+
+URLS = ["http://a:1", "http://b:2", "http://c:3"]
+OK = AttemptOutcome.SUCCESS
+
+
+def make_pool(urls: list[str] = URLS, limit: int = 100, **policy: object) -> Pool:
+    return Pool(
+        [InstanceSpec(u) for u in urls],
+        make_limiter=lambda: Limiter(make_limit("fixed", limit=limit)),
+        make_breaker=lambda: Breaker(consecutive_failures=10),
+        policy=PoolPolicy(**policy),  # type: ignore[arg-type]
+        rng=random.Random(11),
+    )
+
+
+def test_spreads_and_settles() -> None:
+    """Sequential attempts spread over all instances; settling frees every permit."""
+    pool = make_pool()
+    counts: Counter[str] = Counter()
+    for i in range(300):
+        lease = pool.choose(float(i))
+        counts[lease.instance.key] += 1
+        pool.settle(lease, OK, float(i) + 0.01)
+    assert set(counts) == set(URLS) and min(counts.values()) > 70
+    assert all(inst.outstanding == 0 and inst.limiter.inflight == 0 for inst in pool.instances)
+
+
+def test_exclude_picks_another_instance() -> None:
+    """A retry that excludes the tried instance lands elsewhere."""
+    pool = make_pool()
+    for _ in range(50):
+        first = pool.choose(0.0)
+        second = pool.choose(0.0, exclude={first.instance.key})
+        assert second.instance is not first.instance
+        pool.settle(first, OK, 0.1)
+        pool.settle(second, OK, 0.1)
+
+
+def test_exclude_everything_falls_back() -> None:
+    """When every instance was tried, the pick still returns one."""
+    pool = make_pool(urls=URLS[:1])
+    lease = pool.choose(0.0, exclude={URLS[0]})
+    assert lease.instance.url == URLS[0]
+    pool.settle(lease, OK, 0.0)
+
+
+def _fail(pool: Pool, key: str, n: int, now: float, outcome: AttemptOutcome) -> None:
+    inst = next(i for i in pool.instances if i.key == key)
+    for _ in range(n):
+        lease = pool.choose(now, exclude={k.key for k in pool.instances if k is not inst})
+        assert lease.instance is inst
+        pool.settle(lease, outcome, now)
+
+
+def test_connect_errors_eject_and_route_around() -> None:
+    """Five connect errors eject an instance; it gets nothing until the ejection ends."""
+    pool = make_pool()
+    _fail(pool, URLS[0], 5, 1.0, AttemptOutcome.CONNECT_ERROR)
+    picks = set()
+    for _ in range(100):
+        lease = pool.choose(1.5)
+        picks.add(lease.instance.key)
+        pool.settle(lease, OK, 1.5)
+    assert URLS[0] not in picks
+    snap = {d["url"]: d for d in pool.snapshot(1.5)}
+    assert snap[URLS[0]]["ejected"] and snap[URLS[0]]["ejected_until_s"] == 4.5
+
+
+def test_deadline_is_neutral() -> None:
+    """The client's own deadline running out never ejects and never trips the breaker."""
+    pool = make_pool()
+    _fail(pool, URLS[0], 50, 1.0, AttemptOutcome.DEADLINE)
+    inst = pool.instances[0]
+    assert inst.routable(1.0) and inst.failures == 0 and inst.outlier.ejections == 0
+
+
+def test_gateway_failure_classes() -> None:
+    """502/503/504, connect, reset and timeout feed the consecutive rule; a 500 does not."""
+    assert is_gateway_failure(AttemptOutcome.STATUS_5XX, 503)
+    assert not is_gateway_failure(AttemptOutcome.STATUS_5XX, 500)
+    assert is_gateway_failure(AttemptOutcome.PROTOCOL_ERROR, None)
+    assert not is_gateway_failure(AttemptOutcome.DEADLINE, None)
+
+
+def test_panic_mode_uses_every_instance() -> None:
+    """When too few instances are healthy, all of them are eligible again."""
+    pool = make_pool(health=HealthPolicy(unhealthy_threshold=1))
+    for inst in pool.instances[:2]:
+        pool.record_probe(inst, False, "refused")
+    eligible, panic = pool.eligible(0.0)
+    assert panic and len(eligible) == 3
+    pool.record_probe(pool.instances[1], True)
+    pool.record_probe(pool.instances[1], True)
+    eligible, panic = pool.eligible(0.0)
+    assert not panic and [i.key for i in eligible] == URLS[1:]
+
+
+def test_probe_failure_takes_instance_out() -> None:
+    """An instance failing its probes leaves the rotation and returns after passing again."""
+    pool = make_pool(health=HealthPolicy(unhealthy_threshold=2, healthy_threshold=2))
+    c = pool.instances[2]
+    assert not pool.record_probe(c, False, "timeout")
+    assert pool.record_probe(c, False, "timeout")
+    assert c not in pool.eligible(0.0)[0]
+    pool.record_probe(c, True)
+    assert pool.record_probe(c, True)
+    assert c in pool.eligible(0.0)[0]
+
+
+def test_per_instance_limit_prefers_room_then_overflows() -> None:
+    """An instance at its own limit is skipped; when all are full the pick overflows."""
+    pool = make_pool(limit=1)
+    leases = [pool.choose(0.0) for _ in range(3)]
+    assert {lease.instance.key for lease in leases} == set(URLS)
+    extra = pool.choose(0.0)
+    assert extra.permit is None and pool.overflows == 1
+    for lease in [*leases, extra]:
+        pool.settle(lease, OK, 0.1)
+    assert all(i.limiter.inflight == 0 for i in pool.instances)
+
+
+def test_open_instance_breaker_routes_around() -> None:
+    """An instance whose own breaker opened is out of the rotation."""
+    pool = Pool(
+        [InstanceSpec(u) for u in URLS],
+        make_limiter=lambda: Limiter(make_limit("fixed", limit=10)),
+        make_breaker=lambda: Breaker(consecutive_failures=2),
+        policy=PoolPolicy(outlier=OutlierPolicy(enabled=False)),
+        rng=random.Random(1),
+    )
+    _fail(pool, URLS[1], 2, 0.0, AttemptOutcome.STATUS_5XX)
+    assert pool.instances[1].breaker.state(0.0).value == "open"
+    assert pool.instances[1] not in pool.eligible(0.0)[0]
+
+
+def test_reload_keeps_state_and_drains_removed() -> None:
+    """set_instances keeps kept URLs' state; a removed one finishes its attempts."""
+    pool = make_pool()
+    b = pool.instances[1]
+    held = pool.choose(0.0, exclude={URLS[0], URLS[2]})
+    assert held.instance is b
+    pool.set_instances([InstanceSpec(URLS[0], 2.0), InstanceSpec("http://d:4")])
+    assert [i.key for i in pool.instances] == [URLS[0], "http://d:4"]
+    assert pool.instances[0].weight == 2.0 and b.removed and pool.draining == [b]
+    others = [pool.choose(0.1) for _ in range(20)]
+    assert all(lease.instance is not b for lease in others)
+    for lease in others:
+        pool.settle(lease, OK, 0.1)
+    pool.settle(held, OK, 0.2)
+    assert pool.draining == [] and b.limiter.inflight == 0
+
+
+def test_settle_twice_is_ignored() -> None:
+    """A second settle of the same lease changes nothing."""
+    pool = make_pool()
+    lease = pool.choose(0.0)
+    pool.settle(lease, OK, 0.1)
+    pool.settle(lease, AttemptOutcome.CONNECT_ERROR, 0.1)
+    assert lease.instance.outstanding == 0 and lease.instance.failures == 0
+
+
+def test_round_robin_policy() -> None:
+    """The round-robin balancer cycles through the instances."""
+    pool = make_pool(balancer="round_robin")
+    keys = []
+    for _ in range(6):
+        lease = pool.choose(0.0)
+        keys.append(lease.instance.key)
+        pool.settle(lease, OK, 0.0)
+    assert keys == URLS + URLS
+
+
+def test_pool_limit_is_sum_of_eligible() -> None:
+    """The gateway-wide limit is the sum of the routable instances' limits."""
+    pool = make_pool(limit=7)
+    now = [1.0]
+    algo = PoolLimit(pool, clock=lambda: now[0], cap=100)
+    assert algo.limit == 21
+    _fail(pool, URLS[0], 5, 1.0, AttemptOutcome.CONNECT_ERROR)
+    assert algo.limit == 14
+    assert PoolLimit(pool, clock=lambda: 1.0, cap=10).limit == 10
+
+
+def test_display_url_hides_userinfo() -> None:
+    """Snapshots never show credentials in an instance URL."""
+    assert display_url("http://user:pw@h:81/base") == "http://h:81/base"
+    assert display_url("http://[::1]:9/") == "http://[::1]:9/"
+
+
+def test_pure_modules_import_nothing_heavy() -> None:
+    """The pool's cores import no web framework, HTTP client or metrics library."""
+    root = Path(__file__).resolve().parent.parent / "ballast_asgi" / "upstreams"
+    forbidden = {"starlette", "httpx", "uvicorn", "aiohttp", "prometheus_client", "anyio"}
+    for name in ("balancer", "outlier", "health", "instance", "pool", "limit"):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        mods = {
+            (n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+        } | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}  # fmt: skip
+        assert not mods & forbidden, (name, mods & forbidden)

@@ -131,8 +131,7 @@ def banner(gateway: Gateway, traffic: socket.socket, admin: socket.socket | None
     scheme = "https" if cfg.server.ssl_certfile else "http"
     upstream = ",".join(redact_userinfo(i.url) for i in cfg.instances)
     line = (
-        f"ballast: serving {_url(traffic, scheme)} -> {upstream} "
-        f"(limiter {cfg.limiter.algorithm})"
+        f"ballast: serving {_url(traffic, scheme)} -> {upstream} (limiter {cfg.limiter.algorithm})"
     )
     if admin is not None:
         line += f"; admin {_url(admin, scheme)}/ (metrics, snapshot, health)"

@@ -106,6 +106,17 @@ class Procs:
             self.stop(proc)
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so a tool's ``finally`` stops its children.
+
+    A tool started in the background by a non-interactive shell inherits SIGINT
+    as *ignored*, and SIGTERM would end Python without unwinding: either way the
+    children (in their own sessions) would outlive it.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def processes(tmp: Path) -> Iterator[Procs]:
     """A ``Procs`` whose processes are all stopped by PID on exit (also on errors)."""

@@ -43,7 +43,7 @@ from typing import Any
 
 from experiments._harness.cpu import pin_self, status_kb
 from experiments._harness.machine import machine, versions
-from experiments._harness.procs import Procs, processes
+from experiments._harness.procs import Procs, processes, stop_on_signals
 from experiments._harness.servers import (
     Target,
     ensure_package,
@@ -190,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench: needs 2 CPUs (proxy on CPU 1, generator on CPU 0)", file=sys.stderr)
         return 2
     pin_self(CPU_LOAD)
+    stop_on_signals()
     a.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
         "machine": {**machine(), "versions": versions()},

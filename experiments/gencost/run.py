@@ -23,7 +23,7 @@ from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import CLIENTS, LoadConfig, LoadRunner
 from experiments._harness.cpu import pin_self
 from experiments._harness.loop import HiResLoop
-from experiments._harness.procs import processes
+from experiments._harness.procs import processes, stop_on_signals
 from experiments._harness.servers import Target, start_backend, start_sim
 from experiments._harness.stats import spread
 
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", choices=("nginx", "sim"), default="nginx")
     a = p.parse_args(argv)
     pin_self(GEN_CPU)
+    stop_on_signals()
     runs = []
     with tempfile.TemporaryDirectory() as tmp, processes(Path(tmp)) as procs:
         if a.target == "nginx":

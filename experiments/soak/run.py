@@ -39,7 +39,7 @@ from ballast_tools.loadgen.schedule import make_tiers
 from experiments._harness.cpu import cpu_s, pin_self, status_kb
 from experiments._harness.jsonio import get_json, wait_ok
 from experiments._harness.loop import HiResLoop
-from experiments._harness.procs import Procs
+from experiments._harness.procs import Procs, stop_on_signals
 from experiments._harness.servers import Target, start_gateway, start_sim
 from experiments.soak.analysis import rss_summary
 from experiments.sweep.one import GATEWAY_CPU, GENERATOR_CPU, SIM_CPU
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.out or ROOT / "runs" / time.strftime("soak-%Y%m%d-%H%M%S", time.gmtime())
     work.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
+    stop_on_signals()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     print(f"soak: {args.rate:g} rps for {args.minutes:g} min; raw data in {work}", flush=True)
     with asyncio.Runner(loop_factory=HiResLoop) as loop:

@@ -34,6 +34,7 @@ import uvloop
 
 from experiments._harness.cpu import pin_self
 from experiments._harness.machine import machine, versions
+from experiments._harness.procs import stop_on_signals
 from experiments.sweep import plan as exp_plan
 from experiments.sweep.checks import bottleneck, calibration_ok
 from experiments.sweep.metrics import metrics
@@ -192,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
+    stop_on_signals()
     try:
         uvloop.run(experiment(args, out))
     except KeyboardInterrupt:

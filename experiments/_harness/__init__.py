@@ -5,7 +5,8 @@ Small on purpose; import from the module that owns the name:
 - ``procs``: ``HOST``, ``free_port()``, ``wait_port()``, ``Procs`` (start a command,
   optionally pinned with ``taskset``, log to a file, wait for its port; stop every
   child by PID), ``processes(tmp)`` (a ``Procs`` that stops all on exit) and
-  ``stop_on_signals()`` (SIGTERM/SIGINT unwind the tool so its children are stopped).
+  ``stop_on_signals()`` / ``cancel_on_signals()`` (sync / async tools: SIGTERM and
+  SIGINT unwind the tool so its children are stopped).
 - ``servers``: ``Target`` and the things we start: ``start_backend`` (nginx 1 KB or
   a fallback), ``start_nginx_proxy``, ``start_haproxy``, ``start_bare`` (bare
   Python pass-through), ``start_sim`` / ``sim_cmd`` (the simulator),

@@ -9,6 +9,7 @@ stops every child by PID: SIGTERM, wait, SIGKILL if it does not exit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -22,6 +23,7 @@ from pathlib import Path
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 8.0
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def free_port() -> int:
@@ -101,20 +103,34 @@ class Procs:
             self.started.remove(proc)
 
     def stop_all(self) -> None:
-        """Stop everything still running, newest first."""
-        for proc in reversed(list(self.started)):
-            self.stop(proc)
+        """Stop everything still running, newest first (SIGINT/SIGTERM held off meanwhile)."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            for proc in reversed(list(self.started)):
+                self.stop(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt, so a tool's ``finally`` stops its children.
 
-    A tool started in the background by a non-interactive shell inherits SIGINT
-    as *ignored*, and SIGTERM would end Python without unwinding: either way the
-    children (in their own sessions) would outlive it.
+    For the synchronous tools. A tool started in the background by a
+    non-interactive shell inherits SIGINT as *ignored*, and SIGTERM would end
+    Python without unwinding: either way the children (in their own sessions)
+    would outlive it. ``Procs.stop_all`` holds both signals off while it stops.
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def cancel_on_signals() -> None:
+    """In a running coroutine: SIGTERM and SIGINT cancel it (its ``finally`` blocks run)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, task.cancel)
 
 
 @contextlib.contextmanager

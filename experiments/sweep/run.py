@@ -23,6 +23,7 @@ that may be busy with other work. Raw data goes to ``runs/exp-*/`` (gitignored).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -34,7 +35,7 @@ import uvloop
 
 from experiments._harness.cpu import pin_self
 from experiments._harness.machine import machine, versions
-from experiments._harness.procs import stop_on_signals
+from experiments._harness.procs import cancel_on_signals
 from experiments.sweep import plan as exp_plan
 from experiments.sweep.checks import bottleneck, calibration_ok
 from experiments.sweep.metrics import metrics
@@ -128,6 +129,7 @@ async def calibrate(work: Path) -> tuple[float, list[dict[str, Any]]]:
 
 async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str, Any]], Any]:
     """Calibrate (or take k), run the plan, write raw data, report and plots."""
+    cancel_on_signals()
     started = time.monotonic()
     meta: dict[str, Any] = {"machine": machine(), "versions": versions(), "seed": exp_plan.SEED,
                             "out_dir": str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
@@ -193,10 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
-    stop_on_signals()
     try:
         uvloop.run(experiment(args, out))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("\ninterrupted (every child process was stopped)", file=sys.stderr)
         return 130
     print(f"raw data: {out}", flush=True)

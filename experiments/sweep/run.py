@@ -45,7 +45,7 @@ from experiments.sweep.report import index, render, write
 from experiments.sweep.reps import representatives
 from experiments.sweep.targets import evaluate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OVERHEAD_S = 3.0
 K_CANDIDATES = (1.0, 1.5, 2.0, 3.0)
 

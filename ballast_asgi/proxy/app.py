@@ -272,10 +272,11 @@ class ProxyApp:
         except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
             return None
-        rtt_s = self.clock() - started
+        now = self.clock()
+        rtt_s = now - started
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(rtt_s)
-        self._record(ctx, upstream, status_outcome(response.status_code), rtt_s)
+        self._record(ctx, upstream, status_outcome(response.status_code), rtt_s, now)
         return response
 
     async def _attempt_failed(
@@ -344,13 +345,14 @@ class ProxyApp:
         upstream: Upstream,
         outcome: AttemptOutcome,
         rtt_s: float | None,
+        now: float | None = None,
     ) -> None:
         """Record the attempt's outcome once, before its response head (the proxy/retry seam)."""
         if ctx is not None:
             ctx.attempt_outcome = outcome
             ctx.head_rtt_s = rtt_s
             ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
-        self.selector.report(upstream, outcome, rtt_s, self.clock())
+        self.selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
 
     async def _refuse(
         self, send: Send, ctx: RequestContext | None, status: int, payload: dict[str, object]

@@ -140,7 +140,10 @@ async def relay(
             sent += len(chunk)
             finished = length is not None and sent >= length
             message = {"type": "http.response.body", "body": chunk, "more_body": not finished}
-            await _send(send, message, sent, send_timeout_s)
+            if sent <= UNTIMED_BYTES:  # cannot block: no timer (the common small response)
+                await send(message)
+            else:
+                await _send(send, message, sent, send_timeout_s)
             if watcher is None and not finished:
                 watcher = watch()
         if not finished:

@@ -202,3 +202,14 @@ def test_max_connections_must_be_positive() -> None:
     """A pool of zero connections is refused at construction."""
     with pytest.raises(ValueError, match="max_connections"):
         AiohttpTransport(max_connections=0)
+
+
+def test_byte_fallback_pool_verifies_with_the_same_context() -> None:
+    """The httpx pool used for non-UTF-8 header bytes verifies https with the same CA context."""
+    import ssl
+
+    from ballast_asgi.proxy.transport import AiohttpTransport
+
+    context = ssl.create_default_context()
+    transport = AiohttpTransport(ssl_context=context)
+    assert transport._bytes_transport()._pool._ssl_context is context

@@ -250,7 +250,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def _bytes_transport(self) -> httpx.AsyncHTTPTransport:
         """httpx's own pool, for the rare request whose header bytes aiohttp cannot keep."""
         if self._fallback is None:
-            self._fallback = _httpx_transport(self.max_connections, self.keepalive_s)
+            context = self.ssl_context if self.ssl_context is not None else True
+            self._fallback = _httpx_transport(self.max_connections, self.keepalive_s, context)
         return self._fallback
 
     async def aclose(self) -> None:

@@ -7,8 +7,8 @@ run with nothing broken but 1 % errors and log-normal delays everywhere,
 counting false ejections. Medians of ``--reps`` runs. Writes
 ``<out>/results.json`` and ``<out>/pool.md`` (the tables) and prints them.
 
-Scaled to a shared two-core machine: ``--rate`` (default 600 rps, the
-reference's 2,000 / 3.3) and ``--break-s`` (default 3 s, the reference's
+Scaled to a shared two-core machine: ``--rate`` (default 200 rps, the
+reference's 2,000 / 10) and ``--break-s`` (default 3 s, the reference's
 30 s / 10); the ten-minute run is ``--quiet-s`` long (default 40 s) x reps.
 """
 
@@ -99,7 +99,7 @@ async def _quiet(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.pool", description=__doc__)
-    p.add_argument("--rate", type=float, default=600.0, help="offered rps (600)")
+    p.add_argument("--rate", type=float, default=200.0, help="offered rps (200)")
     p.add_argument("--warm-s", type=float, default=1.0)
     p.add_argument("--break-s", type=float, default=3.0)
     p.add_argument("--tail-s", type=float, default=0.5)

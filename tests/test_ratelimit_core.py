@@ -217,6 +217,15 @@ def test_rate_estimate_follows_a_steady_rate() -> None:
         RateEstimate(0)
 
 
+def test_rate_estimate_is_right_from_the_start() -> None:
+    """After 0.2 s of a steady 500/s a fresh estimate already reads about 500/s."""
+    est = RateEstimate(0.5)
+    assert est.rate(0.0) == 0.0
+    for i in range(100):
+        est.add(i / 500)
+    assert est.rate(0.2) == pytest.approx(500, rel=0.05)
+
+
 def test_lease_size_and_sync_share() -> None:
     """Lease sizes clamp; sync shares add up to the whole limit in both regimes."""
     assert lease_size(400.0, 0.1, 1, 50) == 40

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from ballast_asgi.ratelimit.core.gcra import Limits
 from experiments.ratelimit.analyze import admission, delta
 from experiments.ratelimit.drive import Result, Shape, build, shifting, spikes, zipf_keys
@@ -40,7 +42,9 @@ def test_admission_counts_over_and_under_against_the_perfect_bucket() -> None:
     results = [r(0.0, 200), r(0.1, 200), r(0.2, 200), r(1.5, 429), r(1.6, 429), r(-1, -1)]
     a = admission(results, limits)
     assert (a.issued, a.admitted, a.perfect, a.over, a.under) == (5, 3, 3, 1, 1)
-    assert a.net_pct == 0.0
+    assert a.net_pct == 0.0 and a.over_pct == pytest.approx(100 / 3)
+    timed_out = admission([*results, r(3.0, 0)], limits)
+    assert timed_out.other == 1 and timed_out.perfect_answered == 3
     late = admission(results, limits, window=(1.0, 2.0))
     assert (late.issued, late.admitted, late.under) == (2, 0, 1)
 

@@ -24,12 +24,20 @@ class Admission:
     over: int
     #: Refused here but admitted by the perfect bucket (good requests turned away).
     under: int
+    #: Neither 200 nor a rate-limit 429 (client timeout, error, other shed): not compared.
     other: int
+    #: What the perfect bucket admitted among the requests that got an answer.
+    perfect_answered: int = 0
 
     @property
     def net_pct(self) -> float:
-        """(admitted - perfect) / perfect, in percent: plus over, minus under."""
-        return 100.0 * (self.admitted - self.perfect) / max(1, self.perfect)
+        """Among answered requests, (over - under) / perfect, in percent: plus over the limit."""
+        return 100.0 * (self.over - self.under) / max(1, self.perfect_answered)
+
+    @property
+    def over_pct(self) -> float:
+        """Requests admitted over the limit, percent of what the perfect bucket admitted."""
+        return 100.0 * self.over / max(1, self.perfect_answered)
 
 
 def perfect_replay(results: Sequence[Result], limits: Limits) -> dict[int, bool]:
@@ -51,7 +59,7 @@ def admission(
 ) -> Admission:
     """Admitted vs perfect, optionally only for requests intended inside ``window``."""
     verdict = perfect_replay(results, limits)
-    issued = admitted = perfect = over = under = other = 0
+    issued = admitted = perfect = over = under = other = answered = 0
     for i, r in enumerate(results):
         if i not in verdict or (window and not window[0] <= r.offset_s < window[1]):
             continue
@@ -60,11 +68,13 @@ def admission(
         refused = r.status == 429 and r.reason == "rate_limited"
         if not ours and not refused:
             other += 1
+        else:
+            answered += verdict[i]
         admitted += ours
         perfect += verdict[i]
         over += ours and not verdict[i]
         under += refused and verdict[i]
-    return Admission(issued, admitted, perfect, over, under, other)
+    return Admission(issued, admitted, perfect, over, under, other, answered)
 
 
 def latency_ms(results: Sequence[Result], q: float) -> float:

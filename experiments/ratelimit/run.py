@@ -51,7 +51,7 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
     row: dict[str, Any] = {
         "table": run.table, "pair": pair.name, "scenario": run.scenario,
         "offered_rps": len(schedule) / run.shape.duration_s, "duration_s": run.shape.duration_s,
-        "admission": full.__dict__ | {"net_pct": full.net_pct},
+        "admission": full.__dict__ | {"net_pct": full.net_pct, "over_pct": full.over_pct},
         "p50_ms": analyze.latency_ms(results, 0.5), "p99_ms": analyze.latency_ms(results, 0.99),
         "max_ms": analyze.latency_ms(results, 1.0),
         "lag_p99_ms": analyze.lag_ms(results, 0.99), "not_issued": analyze.not_issued(results),

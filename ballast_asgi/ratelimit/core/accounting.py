@@ -12,7 +12,10 @@ all of it (seed 002).
 
 **Recent rate.** ``RateEstimate`` is an exponentially decaying event rate:
 on each event ``r <- r * exp(-dt / tau) + 1 / tau`` (events per second), read
-as ``r * exp(-(now - last) / tau)``. O(1) per request, no buckets.
+as ``r * exp(-(now - last) / tau)``. O(1) per request, no buckets. Until it
+has seen a few ``tau`` of history the sum is biased low (it starts from 0), so
+it is divided by ``1 - exp(-age / tau)`` (age at least ``MIN_AGE_S``): a new
+key's first leases are sized to its real rate at once, not to a ramp.
 
 **Lease size.** A gateway leases what it expects to spend in one lease
 window: ``clamp(ceil(rate * window_s), min_tokens, max_tokens)``.
@@ -88,10 +91,14 @@ class ChargeBook:
             self.add(key, now - age, interval_s, count)
 
 
+#: Youngest history the start-up correction trusts (one event reads as ~1 / (tau * 0.1)).
+MIN_AGE_S = 0.05
+
+
 class RateEstimate:
     """Exponentially decaying rate of events (per second) with time constant ``tau_s``."""
 
-    __slots__ = ("_last", "_rate", "tau_s")
+    __slots__ = ("_first", "_last", "_rate", "tau_s")
 
     def __init__(self, tau_s: float = 0.5) -> None:
         if tau_s <= 0:
@@ -99,17 +106,29 @@ class RateEstimate:
         self.tau_s = tau_s
         self._rate = 0.0
         self._last = float("-inf")
+        self._first: float | None = None
 
     def add(self, now: float, count: float = 1.0) -> None:
         """Count ``count`` events at ``now``."""
-        self._rate = self.rate(now) + count / self.tau_s
+        if self._first is None:
+            self._first = now
+        self._rate = self._raw(now) + count / self.tau_s
         self._last = now
 
-    def rate(self, now: float) -> float:
-        """The estimate at ``now`` (events per second)."""
+    def _raw(self, now: float) -> float:
         if self._rate == 0.0:
             return 0.0
         return self._rate * math.exp(-max(0.0, now - self._last) / self.tau_s)
+
+    def rate(self, now: float) -> float:
+        """The estimate at ``now`` (events per second), corrected while history is short."""
+        raw = self._raw(now)
+        if raw == 0.0 or self._first is None:
+            return raw
+        age = max(MIN_AGE_S, now - self._first)
+        if age >= 5 * self.tau_s:
+            return raw
+        return raw / (1.0 - math.exp(-age / self.tau_s))
 
 
 def lease_size(rate_per_s: float, window_s: float, min_tokens: int, max_tokens: int) -> int:

@@ -164,6 +164,32 @@ async def test_late_answers_are_reconciled(redis: RedisProcess) -> None:
         proxy.stop()
 
 
+async def test_late_admission_of_a_refused_request_returns_the_token(redis: RedisProcess) -> None:
+    """Redis admitting (late) what the gateway refused on its share gives the token back."""
+    proxy = DelayProxy(redis.port, 0.01).start()
+    prefix = uuid.uuid4().hex
+    lim = _limiter(proxy.url, "redis", prefix, redis_timeout_ms=1)
+    limits = Limits(0.01, 2)
+    try:
+        lim.fallback.decide("k", limits, time.monotonic())  # the local share is now empty
+        lim.fallback.decide("k", limits, time.monotonic())
+        decision = await lim.decide("k", limits)
+        assert decision.degraded and not decision.allowed
+        for _ in range(200):
+            if lim.stats.redis_calls[("give_back", "ok")]:
+                break
+            await asyncio.sleep(0.005)  # the late answer and the give-back run in the background
+        assert lim.stats.redis_calls[("give_back", "ok")] == 1
+        direct = _limiter(redis.url, "redis", prefix, redis_timeout_ms=1000)
+        try:
+            assert sum([(await direct.decide("k", limits)).allowed for _ in range(3)]) == 2
+        finally:
+            await direct.close()
+    finally:
+        await lim.close()
+        proxy.stop()
+
+
 async def test_lease_gives_back_unspent_tokens(redis: RedisProcess) -> None:
     """An expired lease's unspent tokens return to the shared bucket for another gateway."""
     prefix = uuid.uuid4().hex

@@ -4,7 +4,8 @@ The request waits at most ``redis_timeout_ms`` (default 2 ms) for the answer.
 On a miss, an error or an open breaker it is decided on this gateway's share
 (``SharedBase.degrade``) and, if admitted, charged back later. A late answer
 is reconciled: if Redis admitted it too, the shared bucket already counted it
-(the pending charge is cancelled); if Redis refused it, the charge stands.
+(the pending charge is cancelled); if Redis refused it, the charge stands; if
+Redis admitted a request this gateway refused, the token goes back.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ class RedisLimiter(SharedBase):
         decided: list[Decision] = []
 
         def late(result: Any) -> None:
-            if result is not None and int(result[0]) and decided and decided[0].allowed:
-                self.charges.cancel(key)
+            if result is None or not int(result[0]) or not decided:
+                return
+            if decided[0].allowed:
+                self.charges.cancel(key)  # Redis counted it itself
+            else:  # Redis spent a token on a request this gateway refused: return it
+                self.spawn(self._give_back_one(key, limits))
 
         try:
             allowed, debt = await self.call("gcra", [self.key("b", key)], args, on_late=late)
@@ -40,6 +45,13 @@ class RedisLimiter(SharedBase):
         decision = from_debt(bool(int(allowed)), float(debt), limits)
         self.stats.decided(decision.allowed, "redis")
         return decision
+
+    async def _give_back_one(self, key: str, limits: Limits) -> None:
+        args = (repr(limits.interval_s), repr(limits.tau_s), 1)
+        try:
+            await self.background("give_back", [self.key("b", key)], args)
+        except Missed:
+            return
 
 
 def from_debt(allowed: bool, debt_s: float, limits: Limits) -> Decision:

@@ -27,11 +27,15 @@ class Scale:
     burst_s: float = 6.0
     reps: int = 2
     breaker_reps: int = 3
+    #: Keep the burst at 100 when the rate is scaled down (a tiny burst makes every
+    #: comparison hostage to scheduling jitter on a busy machine).
+    keep_burst: bool = False
 
     @property
     def limits(self) -> Limits:
         """The one-key limit after scaling."""
-        return Limits(LIMIT_RPS * self.factor, max(1, round(BURST * self.factor)))
+        burst = BURST if self.keep_burst else max(1, round(BURST * self.factor))
+        return Limits(LIMIT_RPS * self.factor, burst)
 
     @property
     def zipf_limits(self) -> Limits:

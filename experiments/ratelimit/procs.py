@@ -127,5 +127,5 @@ def pairs(configs: dict[str, dict[str, Any]], workdir: Path) -> Iterator[dict[st
             started[name] = Pair(name, bases, procs)
         for pair in started.values():
             for base, proc in zip(pair.bases, pair.procs, strict=True):
-                wait_up(base + "/_ballast/health", proc, 60.0)
+                wait_up(base + "/_ballast/health", proc, 240.0)
         yield started

@@ -236,8 +236,10 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             f"{meta['cpus']} CPUs, "
             f"load average {meta['loadavg']} at the end, `{meta['platform']}`. Reproduce with "
             "`make experiment-ratelimit` "
-            f"(`python -m experiments.ratelimit.run --scale {factor}`).",
-            f"**Scale.** Every rate is the reference's times {factor:g}: the limit is "
+            f"(`python -m experiments.ratelimit.run --scale {factor}"
+            f"{' --keep-burst' if scale.keep_burst else ''}`).",
+            f"**Scale.** Every rate is the reference's times {factor:g}"
+            f"{' (the burst is kept at 100)' if scale.keep_burst else ''}: the limit is "
             f"{lim.rate_per_s:g}/s with a burst of {lim.burst} for one key (reference 1,000/s), "
             f"80 % = {0.8 * lim.rate_per_s:g} rps, 150 % = {1.5 * lim.rate_per_s:g} rps, burst "
             f"spikes to {5 * lim.rate_per_s:g} rps; the 10,000-key row is {3000 * factor:g} rps "

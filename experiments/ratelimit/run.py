@@ -137,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every rate (default 1)")
     ap.add_argument("--quick", action="store_true", help="short runs, one repetition")
+    ap.add_argument("--keep-burst", action="store_true", help="burst stays 100 when scaled")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/ratelimit.md")
     args = ap.parse_args(argv)
-    scale = Scale(args.scale)
+    scale = Scale(args.scale, keep_burst=args.keep_burst)
     if args.quick:
-        scale = Scale(args.scale, short_s=2.0, even_s=3.0, reps=1, breaker_reps=1)
+        scale = Scale(args.scale, short_s=2.0, even_s=3.0, reps=1, breaker_reps=1,
+                      keep_burst=args.keep_burst)  # fmt: skip
     lim = scale.limits
     started = time.monotonic()
     rows: list[dict[str, Any]] = []

@@ -96,6 +96,8 @@ def phase(
     rows: list[dict[str, Any]], up: str, work: Path, configs: dict[str, Any], runs: list[Run]
 ) -> None:
     """Start the pairs of one phase, run its runs in order, stop the pairs."""
+    # Each pair is its own group of gateways: its own key prefix (buckets and heartbeats).
+    configs = {n: c if c is None else {**c, "key_prefix": f"rl-{n}"} for n, c in configs.items()}
     with pairs({n: gateway_config(up, c) for n, c in configs.items()}, work) as started:
         time.sleep(1.0)  # heartbeats: let each gateway see its twin before measuring
         for i, run in enumerate(runs):

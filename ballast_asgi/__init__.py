@@ -12,15 +12,16 @@ collaborators live in ``ballast_asgi.middleware``. Imports are lazy, so
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ballast_asgi._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig, load_config
     from ballast_asgi.core.outcome import ShedReason
     from ballast_asgi.core.priority import Priority
-    from ballast_asgi.embed import BallastStack, install, wrap
+    from ballast_asgi.embed import Ballast, BallastStack, install, wrap
     from ballast_asgi.middleware.context import RequestContext, get_context
 
 _LAZY = {
@@ -28,6 +29,7 @@ _LAZY = {
     "load_config": "ballast_asgi.config",
     "ShedReason": "ballast_asgi.core.outcome",
     "Priority": "ballast_asgi.core.priority",
+    "Ballast": "ballast_asgi.embed",
     "BallastStack": "ballast_asgi.embed",
     "install": "ballast_asgi.embed",
     "wrap": "ballast_asgi.embed",
@@ -41,6 +43,7 @@ except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare 
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "Ballast",
     "BallastStack",
     "GatewayConfig",
     "Priority",
@@ -54,13 +57,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ballast_asgi' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("ballast_asgi", _LAZY, globals())
 
 
 def __dir__() -> list[str]:

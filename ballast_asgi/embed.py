@@ -1,10 +1,15 @@
 """Add the stack to an existing Starlette/FastAPI (or any ASGI) app.
 
 ``install(app, ...)`` adds one middleware to a Starlette/FastAPI app that
-holds the four stages in the right order plus the ``/_ballast/*`` admin paths;
-``wrap(app, ...)`` does the same for a plain ASGI callable and returns the
-wrapped app. Inside an app there is no remote call to retry, so retries are
-off; the breaker still counts the app's 5xx answers as failures.
+holds the stages in the right order plus the ``/_ballast/*`` admin paths and
+returns a ``Ballast`` handle (``snapshot()``, ``reload(config)``, the live
+``parts``); ``wrap(app, ...)`` does the same for a plain ASGI callable and
+returns the wrapped app (its ``.handle``). Inside an app there is no remote
+call to retry, so retries are off. The innermost stage is
+``HandlerMiddleware``: it records each handler's outcome (5xx and exceptions
+are breaker failures) and cancels a handler whose deadline passes (504). The
+breaker is keyed by the matched route template (``breaker.scope: route``), so
+one failing route cannot shed another's traffic.
 """
 
 from __future__ import annotations
@@ -20,26 +25,84 @@ from ballast_asgi.admin import AdminRouter
 from ballast_asgi.config import GatewayConfig, build_config
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.stack import Parts, build_parts, build_stack
+from ballast_asgi.middleware.admission import RouteKey
+from ballast_asgi.middleware.handler import HandlerMiddleware
+from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
 
 
 class _SupportsAddMiddleware(Protocol):
     def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None: ...
 
 
-class BallastStack:
-    """One middleware holding admin paths and the four stages (for ``add_middleware``)."""
+class Ballast:
+    """The handle ``install`` and ``wrap`` return: live state, snapshot and reload.
 
-    def __init__(self, app: ASGIApp, *, parts: Parts, config: GatewayConfig) -> None:
+    ``parts`` holds the collaborators (limiter, queue, breakers, budget, metrics);
+    their attributes are also readable on the handle (``handle.limiter``).
+    """
+
+    def __init__(
+        self, config: GatewayConfig, parts: Parts, route_key: RouteKey | None = None
+    ) -> None:
+        self.config = config
         self.parts = parts
-        stack = build_stack(app, parts, config, retries=False)
-        self._app = AdminRouter(
-            stack,
-            exposition=parts.metrics.exposition,
-            snapshot=lambda: parts.snapshot(parts.clock()),
+        self.route_key = route_key
+        #: Bumped by ``reload``; each mounted stack rebuilds its chain when it changes.
+        self.version = 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parts, name)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every stage's live state as one JSON-safe document (as ``/_ballast/snapshot``)."""
+        doc = self.parts.snapshot(self.parts.clock())
+        doc["config"] = {"version": self.version, "limiter": self.config.limiter.algorithm}
+        return doc
+
+    def reload(self, config: GatewayConfig | Mapping[str, Any]) -> GatewayConfig:
+        """Apply a new config without dropping in-flight or queued requests.
+
+        Raises ``ConfigError`` (nothing applied) when ``config`` is invalid.
+        """
+        new = _config(config, None)
+        reconfigure_parts(self.parts, self.config, new, self.parts.clock())
+        self.config = new
+        self.version += 1
+        return new
+
+    def build(self, app: ASGIApp) -> ASGIApp:
+        """The stages around ``app`` for the current config (innermost: the handler stage)."""
+        cfg = self.config
+        a = cfg.admission
+        handler = HandlerMiddleware(
+            app,
+            metrics=self.parts.metrics,
+            cancel_on_deadline=a.cancel_on_deadline,
+            deadline_status=a.deadline_status,
+            clock=self.parts.clock,
         )
+        stack = build_stack(handler, self.parts, cfg, retries=False, route_key=self.route_key)
+        return AdminRouter(stack, exposition=self.parts.metrics.exposition, snapshot=self.snapshot)
+
+
+class BallastStack:
+    """One middleware holding admin paths and the stages (for ``add_middleware``)."""
+
+    def __init__(self, app: ASGIApp, *, handle: Ballast) -> None:
+        self.handle = handle
+        self._inner = app
+        self._version = handle.version
+        self._app = handle.build(app)
+
+    @property
+    def parts(self) -> Parts:
+        """The live collaborators."""
+        return self.handle.parts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._version != self.handle.version:  # reloaded: rebuild around the same parts
+            self._version = self.handle.version
+            self._app = self.handle.build(self._inner)
         await self._app(scope, receive, send)
 
 
@@ -69,6 +132,26 @@ def make_parts(
     return cfg, build_parts(cfg, Metrics(registry), clock=clock, rng=rng)
 
 
+def route_template(app: Any) -> RouteKey | None:
+    """The breaker key of a Starlette/FastAPI app: the template of the route a request matches.
+
+    None for an app without ``routes`` (a plain ASGI callable): one breaker.
+    """
+    routes = getattr(app, "routes", None)
+    if routes is None:
+        return None
+    from starlette.routing import Match
+
+    def key(scope: Scope) -> str | None:
+        for route in routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return str(getattr(route, "path", "")) or None
+        return None
+
+    return key
+
+
 def install(
     app: _SupportsAddMiddleware,
     config: GatewayConfig | Mapping[str, Any] | None = None,
@@ -76,11 +159,12 @@ def install(
     limiter: str | None = None,
     registry: CollectorRegistry | None = None,
     clock: Clock = time.monotonic,
-) -> Parts:
-    """Protect a Starlette/FastAPI app; returns the live collaborators."""
+) -> Ballast:
+    """Protect a Starlette/FastAPI app; returns the handle (snapshot, reload, parts)."""
     cfg, parts = make_parts(config, limiter=limiter, registry=registry, clock=clock)
-    app.add_middleware(BallastStack, parts=parts, config=cfg)
-    return parts
+    handle = Ballast(cfg, parts, route_template(app))
+    app.add_middleware(BallastStack, handle=handle)
+    return handle
 
 
 def wrap(
@@ -91,6 +175,6 @@ def wrap(
     registry: CollectorRegistry | None = None,
     clock: Clock = time.monotonic,
 ) -> BallastStack:
-    """Protect any ASGI app; returns the wrapped app (``.parts`` holds the state)."""
+    """Protect any ASGI app; returns the wrapped app (``.handle`` snapshots and reloads)."""
     cfg, parts = make_parts(config, limiter=limiter, registry=registry, clock=clock)
-    return BallastStack(app, parts=parts, config=cfg)
+    return BallastStack(app, handle=Ballast(cfg, parts, route_template(app)))

@@ -113,6 +113,17 @@ class Metrics:
             "ballast_retry_budget_balance", "Retries the budget would allow right now.",
             registry=r,
         )  # fmt: skip
+        self.body_timeouts = Counter(
+            "ballast_body_timeouts",
+            "Request bodies too slow: refused with 408 (buffer) or cut off (stream)",
+            ["phase"],
+            registry=r,
+        )
+        self.handler_deadline_cancelled = Counter(
+            "ballast_handler_deadline_cancelled",
+            "In-app handlers cancelled because the request's deadline passed",
+            registry=r,
+        )
         self.config_reloads = Counter(
             "ballast_config_reloads", "Config reload attempts.", ["result"], registry=r
         )

@@ -18,22 +18,26 @@ from prometheus_client import Counter
 
 from ballast_asgi.config import GatewayConfig
 from ballast_asgi.core.breaker import Breaker
+from ballast_asgi.core.breaker_set import BreakerSet
 from ballast_asgi.core.capacity import Capacity
 from ballast_asgi.core.classify import Classifier
 from ballast_asgi.core.early_drop import EarlyDropEstimator, make_drain_estimate
+from ballast_asgi.core.head import HeadLimits
 from ballast_asgi.core.limit import LimitAlgorithm, make_limit
 from ballast_asgi.core.limiter import Limiter
 from ballast_asgi.core.queue import PriorityQueue
 from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.types import ASGIApp, Clock
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.middleware.admission import AdmissionMiddleware
+from ballast_asgi.middleware.admission import AdmissionMiddleware, RouteKey
+from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.middleware.retry import RetryMiddleware
 from ballast_asgi.ratelimit.metrics import RateLimitCollector
 from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 
@@ -46,7 +50,7 @@ class Parts:
     responder: ShedResponder
     limiter: Limiter
     queue: PriorityQueue
-    breaker: Breaker
+    breakers: BreakerSet
     budget: RetryBudget
     clock: Clock
     rng: random.Random
@@ -55,12 +59,22 @@ class Parts:
     #: Per-key rate limits (RateLimitMiddleware); built even when disabled, started lazily.
     ratelimit: RateLimitRuntime | None = None
 
+    @property
+    def breaker(self) -> Breaker:
+        """The default (un-keyed) breaker."""
+        return self.breakers.default
+
+    @breaker.setter
+    def breaker(self, breaker: Breaker) -> None:
+        """Replace the breakers with this one for every key (e.g. scaled to a pool)."""
+        self.breakers = BreakerSet(lambda: breaker, max_keys=0)
+
     def snapshot(self, now: float) -> dict[str, Any]:
         """Every collaborator's state as one JSON-safe document."""
         return {
             "limiter": self.limiter.snapshot(now),
             "queue": self.queue.snapshot(),
-            "breaker": self.breaker.snapshot(now),
+            "breaker": self.breakers.snapshot(now),
             "retry_budget": self.budget.snapshot(now),
             "shed": _shed_counts(self.metrics),
             "dry_run": {
@@ -117,7 +131,7 @@ def build_parts(
         responder=responder,
         limiter=limiter,
         queue=queue,
-        breaker=Breaker.from_config(config.breaker),
+        breakers=_make_breakers(config),
         budget=RetryBudget.from_config(config.retry),
         clock=clock,
         rng=rng,
@@ -126,22 +140,16 @@ def build_parts(
     )
 
 
-def build_stack(inner: ASGIApp, parts: Parts, config: GatewayConfig, *, retries: bool) -> ASGIApp:
-    """Wrap ``inner`` in breaker, concurrency, queue and admission stages."""
-    app: ASGIApp = inner
-    if config.breaker.enabled or (retries and config.retry.enabled):
-        retry = config.retry if retries else config.retry.model_copy(update={"enabled": False})
-        app = BreakerMiddleware(
-            app,
-            breaker=parts.breaker,
-            budget=parts.budget,
-            responder=parts.responder,
-            metrics=parts.metrics,
-            config=retry,
-            retry_statuses=config.retry.retry_statuses,
-            clock=parts.clock,
-            rng=parts.rng,
-        )
+def build_stack(
+    inner: ASGIApp,
+    parts: Parts,
+    config: GatewayConfig,
+    *,
+    retries: bool,
+    route_key: RouteKey | None = None,
+) -> ASGIApp:
+    """Wrap ``inner`` in breaker, retry, concurrency, queue, capacity and admission stages."""
+    app = breaker_and_retry(inner, parts, config, retries)
     app = ConcurrencyMiddleware(
         app, limiter=parts.limiter, responder=parts.responder, metrics=parts.metrics,
         clock=parts.clock,
@@ -158,18 +166,59 @@ def build_stack(inner: ASGIApp, parts: Parts, config: GatewayConfig, *, retries:
         )
     if parts.capacity is None:
         parts.capacity = _make_capacity(config)
+    b = config.body
+    app = BodyMiddleware(
+        app,
+        responder=parts.responder,
+        metrics=parts.metrics,
+        byte_budget=parts.capacity.byte_budget,
+        replay_max_bytes=b.replay_max_bytes,
+        max_body_bytes=config.proxy.max_body_bytes,
+        read_timeout_ms=b.read_timeout_ms,
+        min_rate_bytes_per_s=b.min_rate_bytes_per_s,
+        clock=parts.clock,
+    )
     app = CapacityMiddleware(app, capacity=parts.capacity, responder=parts.responder)
     if config.rate_limit.enabled and parts.ratelimit is not None:
         app = RateLimitMiddleware(app, runtime=parts.ratelimit, responder=parts.responder)
-    early = EarlyDropEstimator(parts.limiter, parts.queue) if config.admission.early_drop else None
+    return _admission(app, parts, config, route_key)
+
+
+def breaker_and_retry(app: ASGIApp, parts: Parts, config: GatewayConfig, retries: bool) -> ASGIApp:
+    breaker = BreakerMiddleware(
+        app, breaker=parts.breakers, responder=parts.responder, metrics=parts.metrics,
+        clock=parts.clock,
+    )  # fmt: skip
+    if not (retries and config.retry.enabled):
+        return breaker
+    return RetryMiddleware(
+        breaker,
+        budget=parts.budget,
+        metrics=parts.metrics,
+        config=config.retry,
+        gate=breaker.admits,
+        byte_budget=parts.capacity.byte_budget if parts.capacity else None,
+        clock=parts.clock,
+        rng=parts.rng,
+    )
+
+
+def _admission(
+    app: ASGIApp, parts: Parts, config: GatewayConfig, route_key: RouteKey | None
+) -> ASGIApp:
+    a = config.admission
+    early = EarlyDropEstimator(parts.limiter, parts.queue) if a.early_drop else None
     return AdmissionMiddleware(
         app,
         responder=parts.responder,
         metrics=parts.metrics,
         default_priority=config.priority.default,
-        default_deadline_ms=config.admission.default_deadline_ms,
+        default_deadline_ms=a.default_deadline_ms,
         classifier=Classifier(config.priority),
         early_drop=early,
+        limits=HeadLimits(a.max_headers, a.max_header_bytes, config.proxy.max_body_bytes),
+        failure_statuses=config.breaker.failure_statuses,
+        route_key=route_key if config.breaker.scope == "route" else None,
         clock=parts.clock,
     )
 
@@ -194,7 +243,7 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         parts.capacity.reconfigure(c.max_held_requests, c.max_buffered_bytes, c.reserved_fraction)
     parts.responder.jitter = new.shed.retry_after_jitter
     if new.breaker != old.breaker:
-        parts.breaker = Breaker.from_config(new.breaker)
+        parts.breakers = _make_breakers(new)
     if new.retry != old.retry:
         parts.budget = RetryBudget.from_config(new.retry)
     if parts.ratelimit is not None and new.rate_limit != old.rate_limit:
@@ -209,6 +258,10 @@ def _make_ratelimit(config: GatewayConfig, metrics: Metrics, clock: Clock) -> Ra
         RateLimitCollector(lambda: runtime.limiter if runtime.config.enabled else None)
     )
     return runtime
+
+
+def _make_breakers(config: GatewayConfig) -> BreakerSet:
+    return BreakerSet(lambda: Breaker.from_config(config.breaker))
 
 
 def _make_capacity(config: GatewayConfig) -> Capacity:

@@ -17,6 +17,7 @@ from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.responses import ShedResponder
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -31,14 +32,6 @@ class Inner:
         self.seen.append(get_context(scope))
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
-
-
-class FakeClock:
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def build(**kw: object) -> tuple[AdmissionMiddleware, Inner, Metrics]:

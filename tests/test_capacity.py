@@ -14,6 +14,7 @@ from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
+from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
@@ -204,29 +205,17 @@ async def test_critical_uses_the_reserve_when_others_are_refused() -> None:
 
 
 @pytest.mark.anyio
-async def test_declared_body_beyond_the_byte_budget_is_shed() -> None:
-    """A Content-Length that does not fit the buffered-bytes budget is shed at once."""
-    app, inner, cap, _ = build(max_held=10, max_bytes=1000)
-    ex = Exchange()
-    await app(http_scope(length=1001), ex.receive, ex.send)
-    assert ex.status == 429
-    assert ex.headers[b"x-ballast-reason"] == b"capacity"
-    assert inner.entered == 0
-    assert cap.byte_budget.used_bytes == 0
-
-
-@pytest.mark.anyio
-async def test_bytes_are_reserved_while_held_and_given_back() -> None:
-    """A held request's declared body stays reserved until it finishes."""
+async def test_a_declared_body_reserves_no_bytes() -> None:
+    """A Content-Length alone reserves nothing: an idle upload cannot hold the byte budget."""
     app, inner, cap, _ = build(max_held=10, max_bytes=1000)
     async with anyio.create_task_group() as tg:
         ex = Exchange()
-        tg.start_soon(app, http_scope(length=700), ex.receive, ex.send)
+        tg.start_soon(app, http_scope(length=100_000), ex.receive, ex.send)
         while inner.entered < 1:
             await anyio.lowlevel.checkpoint()
-        assert cap.byte_budget.used_bytes == 700
+        assert cap.byte_budget.used_bytes == 0
         inner.release.set()
-    assert cap.byte_budget.used_bytes == 0
+    assert ex.status == 200
 
 
 @pytest.mark.anyio
@@ -286,11 +275,11 @@ def _chain(app: object) -> list[type]:
 
 
 def test_stack_puts_capacity_inside_admission_and_outside_the_queue() -> None:
-    """build_stack orders Admission -> Capacity -> Queue."""
+    """build_stack orders Admission -> Capacity -> Body -> Queue."""
     gw = build_gateway(build_config({"upstream": "http://127.0.0.1:9"}))
     kinds = _chain(gw._app)
     i = kinds.index(AdmissionMiddleware)
-    assert kinds[i + 1 : i + 3] == [CapacityMiddleware, QueueMiddleware]
+    assert kinds[i + 1 : i + 4] == [CapacityMiddleware, BodyMiddleware, QueueMiddleware]
     assert gw.snapshot()["capacity"]["max_held"] == 4096
 
 

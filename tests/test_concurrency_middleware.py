@@ -8,45 +8,36 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from ballast_asgi.core.limit import FixedLimit, Sample
+from ballast_asgi.core.limit import FixedLimit
 from ballast_asgi.core.limiter import Limiter
-from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.outcome import AttemptOutcome, Outcome
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, outcome_for
+from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, release
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.responses import ShedResponder
+from tests.fakes import RecordingLimit
 
 pytestmark = pytest.mark.anyio
 
 
-class Recording(FixedLimit):
-    """A fixed limit remembering its samples."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self.samples: list[Sample] = []
-
-    def on_sample(self, sample: Sample, now: float) -> int:
-        self.samples.append(sample)
-        return self.limit
-
-
 def status_app(status: int, before: Callable[[RequestContext], None] | None = None) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = get_context(scope)
         if before is not None:
-            before(get_context(scope))
+            before(ctx)
+        ctx.record_status(status)  # the producer records the attempt's outcome
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
     return app
 
 
-def build(inner: ASGIApp, limit: int = 4) -> tuple[ASGIApp, Limiter, Recording, Metrics]:
+def build(inner: ASGIApp, limit: int = 4) -> tuple[ASGIApp, Limiter, RecordingLimit, Metrics]:
     metrics = null_metrics()
-    algo = Recording(limit)
+    algo = RecordingLimit(limit)
     limiter = Limiter(algo)
     responder = ShedResponder(metrics)
     app = ConcurrencyMiddleware(inner, limiter=limiter, responder=responder, metrics=metrics)
@@ -75,38 +66,50 @@ async def test_5xx_releases_as_dropped() -> None:
     assert [s.dropped for s in algo.samples] == [True]
 
 
-async def test_inner_exception_releases_as_dropped_and_propagates() -> None:
-    """An exception from the inner app is DROPPED and re-raised."""
+async def test_inner_exception_with_nothing_recorded_feeds_no_sample() -> None:
+    """The gateway's own exception (no attempt recorded) is IGNORED and re-raised."""
 
     async def boom(scope: Scope, receive: Receive, send: Send) -> None:
-        raise RuntimeError("upstream exploded")
+        raise RuntimeError("gateway bug")
 
     app, limiter, algo, _ = build(boom)
     with pytest.raises(RuntimeError):
         await get(app)
     assert limiter.inflight == 0
+    assert algo.samples == []
+
+
+async def test_recorded_upstream_failure_then_exception_is_dropped() -> None:
+    """An exception after a recorded upstream failure releases DROPPED."""
+
+    async def reset(scope: Scope, receive: Receive, send: Send) -> None:
+        get_context(scope).record(AttemptOutcome.PROTOCOL_ERROR)
+        raise RuntimeError("reset")
+
+    app, _, algo, _ = build(reset)
+    with pytest.raises(RuntimeError):
+        await get(app)
     assert [s.dropped for s in algo.samples] == [True]
 
 
 @pytest.mark.parametrize(
     "mark",
     [
-        lambda c: setattr(c, "client_gone", True),
-        lambda c: setattr(c, "shed_reason", ShedReason.BREAKER_OPEN),
-        lambda c: setattr(c, "outcome", Outcome.IGNORED),
+        lambda c: c.record(AttemptOutcome.CLIENT_GONE),
+        lambda c: c.record(AttemptOutcome.GATEWAY_ERROR),
     ],
 )
 async def test_ignored_cases_feed_no_sample(mark: Callable[[RequestContext], None]) -> None:
-    """Client gone, shed downstream, or an explicit IGNORED leave no sample."""
+    """Client gone or the gateway's own error leave no sample."""
     app, limiter, algo, _ = build(status_app(200, mark))
     await get(app)
     assert limiter.inflight == 0
     assert algo.samples == []
 
 
-async def test_upstream_error_is_dropped_even_with_a_gateway_status() -> None:
-    """ctx.upstream_error marks the release DROPPED."""
-    app, _, algo, _ = build(status_app(504, lambda c: setattr(c, "upstream_error", "timeout")))
+async def test_upstream_timeout_is_dropped_whatever_the_status() -> None:
+    """A recorded TIMEOUT releases DROPPED."""
+    app, _, algo, _ = build(status_app(504, lambda c: c.record(AttemptOutcome.TIMEOUT)))
     await get(app)
     assert [s.dropped for s in algo.samples] == [True]
 
@@ -187,13 +190,18 @@ async def test_non_http_scopes_pass_through() -> None:
     assert seen == ["lifespan"] and limiter.inflight == 0
 
 
-def test_outcome_rule_order() -> None:
-    """The explicit outcome wins; then gone/shed; then errors and 5xx; no response is IGNORED."""
+def test_release_uses_the_recorded_outcome_and_head_rtt() -> None:
+    """Nothing recorded is IGNORED; a recorded success samples the recorded RTT."""
+    limiter = Limiter(RecordingLimit(4))
+    algo = limiter.algorithm
+    assert isinstance(algo, RecordingLimit)
     ctx = RequestContext(arrival=0.0, deadline=None, priority=Priority.STANDARD)
-    assert outcome_for(ctx, 200, None) is Outcome.SUCCESS
-    assert outcome_for(ctx, 500, None) is Outcome.DROPPED
-    assert outcome_for(ctx, None, None) is Outcome.IGNORED
-    assert outcome_for(ctx, None, asyncio.CancelledError()) is Outcome.IGNORED
-    assert outcome_for(ctx, None, ValueError()) is Outcome.DROPPED
-    ctx.outcome = Outcome.DROPPED
-    assert outcome_for(ctx, 200, None) is Outcome.DROPPED
+    permit = limiter.try_acquire(0.0)
+    assert permit is not None
+    release(permit, ctx, 1.0)
+    assert algo.samples == []
+    permit = limiter.try_acquire(1.0)
+    assert permit is not None
+    ctx.record(AttemptOutcome.SUCCESS, rtt_s=0.05)
+    release(permit, ctx, 9.0)
+    assert [(s.rtt_s, s.dropped) for s in algo.samples] == [(0.05, False)]

@@ -9,18 +9,7 @@ import pytest
 from ballast_asgi.core.limit import FixedLimit, Sample
 from ballast_asgi.core.limiter import Limiter, live_limiters
 from ballast_asgi.core.outcome import Outcome
-
-
-class Recording(FixedLimit):
-    """A fixed limit that remembers its samples."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
-        self.samples: list[Sample] = []
-
-    def on_sample(self, sample: Sample, now: float) -> int:
-        self.samples.append(sample)
-        return self.limit
+from tests.fakes import RecordingLimit
 
 
 def test_acquire_up_to_the_limit_then_refuse() -> None:
@@ -37,7 +26,7 @@ def test_acquire_up_to_the_limit_then_refuse() -> None:
 
 def test_success_is_an_rtt_sample_with_inflight_at_start() -> None:
     """A SUCCESS release feeds the algorithm its RTT and in-flight at start."""
-    algo = Recording(4)
+    algo = RecordingLimit(4)
     lim = Limiter(algo)
     p1 = lim.try_acquire(1.0)
     p2 = lim.try_acquire(1.5)
@@ -49,7 +38,7 @@ def test_success_is_an_rtt_sample_with_inflight_at_start() -> None:
 
 def test_ignored_release_is_no_sample() -> None:
     """IGNORED (client gone, shed downstream) feeds the algorithm nothing."""
-    algo = Recording(4)
+    algo = RecordingLimit(4)
     lim = Limiter(algo)
     p = lim.try_acquire(0.0)
     assert p is not None

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
@@ -264,7 +264,7 @@ async def test_connect_error_is_502(make_proxy: MakeProxy, unused_port: int) -> 
     assert response.status_code == 502
     assert response.json()["error"] == "bad_gateway"
     assert "Traceback" not in response.text
-    assert (ctx.upstream_error, ctx.outcome) == ("connect", Outcome.DROPPED)
+    assert ctx.outcome is AttemptOutcome.CONNECT_ERROR
     assert metrics.upstream_errors.labels("connect")._value.get() == 1
 
 
@@ -277,7 +277,7 @@ async def test_timeout_is_504(make_proxy: MakeProxy) -> None:
         response = await client.get("/slow")
     assert response.status_code == 504
     assert response.json()["error"] == "gateway_timeout"
-    assert (ctx.upstream_error, ctx.outcome) == ("timeout", Outcome.DROPPED)
+    assert ctx.outcome is AttemptOutcome.TIMEOUT
 
 
 @pytest.mark.anyio
@@ -302,7 +302,7 @@ async def test_expired_deadline_is_504_without_upstream_call() -> None:
         response = await client.get("/")
     assert response.status_code == 504
     assert calls == []
-    assert ctx.outcome is Outcome.DROPPED
+    assert ctx.outcome is AttemptOutcome.DEADLINE
 
 
 @pytest.mark.anyio
@@ -319,7 +319,7 @@ async def test_timeout_at_the_deadline_is_kind_deadline() -> None:
     async with client_for(_with_ctx(app, ctx)) as client:
         response = await client.get("/")
     assert response.status_code == 504
-    assert (ctx.upstream_error, ctx.outcome) == ("deadline", Outcome.DROPPED)
+    assert ctx.outcome is AttemptOutcome.DEADLINE
 
 
 @pytest.mark.anyio
@@ -391,7 +391,7 @@ async def test_client_disconnect_stops_reading_upstream() -> None:
     }
     await app(with_context(scope, ctx), receive, send)
     await app.aclose()
-    assert ctx.client_gone
+    assert ctx.outcome is AttemptOutcome.SUCCESS  # recorded at the head; the client left later
     assert state["closed"]
     assert state["chunks"] < 10
 

@@ -1,6 +1,7 @@
 """Integration: an upstream that fails every request cannot amplify load past the budget.
 
-The stack is BreakerMiddleware over the real ProxyApp over ``httpx.MockTransport``
+The stack is RetryMiddleware over BreakerMiddleware over the real ProxyApp over
+``httpx.MockTransport``
 (every call raises ``httpx.ConnectError``, as for a killed upstream). Open-loop
 arrivals at a fixed rate on a fake clock; each request runs to completion before
 the next arrives (no waiting: backoff sleeps are recorded, not slept).
@@ -23,6 +24,7 @@ from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.middleware.retry import RetryMiddleware
 from ballast_asgi.proxy.app import ProxyApp
 
 RATE_PER_S = 200
@@ -42,13 +44,19 @@ class Rig:
         self.proxy = ProxyApp(
             "http://u.test", transport=httpx.MockTransport(self._upstream), clock=self.clock
         )
-        self.app = BreakerMiddleware(
+        stage = BreakerMiddleware(
             self.proxy,
             breaker=breaker,
-            budget=self.budget,
             responder=ShedResponder(self.metrics, rng=random.Random(0)),
             metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.app = RetryMiddleware(
+            stage,
+            budget=self.budget,
+            metrics=self.metrics,
             config=retry,
+            gate=stage.admits,
             clock=self.clock,
             rng=random.Random(7),
             sleep=self._sleep,

@@ -28,8 +28,19 @@ from pydantic import (
     model_validator,
 )
 
+from ballast_asgi.core import breaker as brk
+from ballast_asgi.core.head import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    DEFAULT_MIN_RATE_BYTES_PER_S,
+    DEFAULT_READ_TIMEOUT_MS,
+    DEFAULT_REPLAY_MAX_BYTES,
+)
 from ballast_asgi.core.priority import Priority, parse_priority_name
 from ballast_asgi.ratelimit.config import RateLimitConfig
+
+#: The in-app handler stage's answer when a deadline passes while a handler runs.
+DEFAULT_DEADLINE_STATUS = 504
 
 LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
 LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradient2")
@@ -97,6 +108,18 @@ class ProxyConfig(_Frozen):
         return _check_cidrs(v)
 
 
+class BodyConfig(_Frozen):
+    """Request bodies: read before queueing, replayable up to a bound, never trickled."""
+
+    #: Bodies up to this size are read before the request queues and replayed on retries;
+    #: larger ones stream (one attempt).
+    replay_max_bytes: int = Field(DEFAULT_REPLAY_MAX_BYTES, ge=0, le=2**30)
+    #: Longest wait for the next body chunk (408 while buffering; cut off while streaming).
+    read_timeout_ms: int = Field(DEFAULT_READ_TIMEOUT_MS, ge=1, le=600_000)
+    #: After the first read_timeout_ms, the body must keep at least this average rate.
+    min_rate_bytes_per_s: int = Field(DEFAULT_MIN_RATE_BYTES_PER_S, ge=1, le=2**30)
+
+
 class AdmissionConfig(_Frozen):
     """Deadline admission."""
 
@@ -105,6 +128,14 @@ class AdmissionConfig(_Frozen):
     #: Shed at admission a request whose budget is shorter than the minimum
     #: service time or its tier's expected queue wait.
     early_drop: bool = False
+    #: In an app (install/wrap): cancel a handler whose deadline passes and answer
+    #: ``deadline_status``.
+    cancel_on_deadline: bool = True
+    deadline_status: int = Field(DEFAULT_DEADLINE_STATUS, ge=400, le=599)
+    #: More request header fields than this get 431 (0: no limit).
+    max_headers: int = Field(DEFAULT_MAX_HEADERS, ge=0, le=10_000)
+    #: More bytes of header names and values than this get 431 (0: no limit).
+    max_header_bytes: int = Field(DEFAULT_MAX_HEADER_BYTES, ge=0, le=16 * 1024 * 1024)
 
 
 class PriorityRule(_Frozen):
@@ -203,15 +234,18 @@ class BreakerConfig(_Frozen):
     """Circuit breaker."""
 
     enabled: bool = True
-    window_ms: int = Field(10_000, ge=100, le=600_000)
-    failure_ratio: float = Field(0.5, gt=0.0, le=1.0)
-    min_calls: int = Field(20, ge=1, le=100_000)
-    consecutive_failures: int = Field(10, ge=1, le=100_000)
-    open_ms: int = Field(2_000, ge=10, le=600_000)
-    max_open_ms: int = Field(15_000, ge=10, le=3_600_000)
-    half_open_successes: int = Field(1, ge=1, le=1_000)
-    probe_timeout_ms: int = Field(2_000, ge=1, le=600_000)
-    failure_statuses: tuple[int, ...] = (500, 502, 503, 504)
+    window_ms: int = Field(brk.DEFAULT_WINDOW_MS, ge=100, le=600_000)
+    failure_ratio: float = Field(brk.DEFAULT_FAILURE_RATIO, gt=0.0, le=1.0)
+    min_calls: int = Field(brk.DEFAULT_MIN_CALLS, ge=1, le=100_000)
+    consecutive_failures: int = Field(brk.DEFAULT_CONSECUTIVE_FAILURES, ge=1, le=100_000)
+    open_ms: int = Field(brk.DEFAULT_OPEN_MS, ge=10, le=600_000)
+    max_open_ms: int = Field(brk.DEFAULT_MAX_OPEN_MS, ge=10, le=3_600_000)
+    half_open_successes: int = Field(brk.DEFAULT_HALF_OPEN_SUCCESSES, ge=1, le=1_000)
+    probe_timeout_ms: int = Field(brk.DEFAULT_PROBE_TIMEOUT_MS, ge=1, le=600_000)
+    failure_statuses: tuple[int, ...] = brk.DEFAULT_FAILURE_STATUSES
+    #: One breaker per route template (in an app) or rule group, so one failing
+    #: route cannot shed another's traffic; ``global``: one breaker for all.
+    scope: Literal["route", "global"] = "route"
 
     @field_validator("failure_statuses")
     @classmethod
@@ -516,6 +550,7 @@ class GatewayConfig(_Frozen):
     load_shed_dry_run: bool = False
     proxy: ProxyConfig = ProxyConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    body: BodyConfig = BodyConfig()
     priority: PriorityConfig = PriorityConfig()
     admission_queue: AdmissionQueueConfig = AdmissionQueueConfig()
     limiter: LimiterConfig = LimiterConfig()

@@ -30,9 +30,9 @@ What counts as a failure is the caller's call (``ticket.record(success)``);
 ``is_failure_status`` applies the configured statuses (default 500, 502, 503,
 504). A 4xx is a success: the upstream is healthy, the request was not.
 
-Defaults (``BreakerConfig``): window 10 s, ratio 0.5 of at least 20 calls,
-10 consecutive failures, open 5 s doubling up to 60 s, 1 probe success to
-close, probe timeout 2 s.
+Defaults (the ``DEFAULT_*`` constants below; ``BreakerConfig`` references
+them): window 10 s, ratio 0.5 of at least 20 calls, 10 consecutive failures,
+open 2 s doubling up to 15 s, 1 probe success to close, probe timeout 2 s.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ class BreakerState(enum.StrEnum):
 
 #: Called on every transition with (old state, new state, when).
 TransitionListener = Callable[[BreakerState, BreakerState, float], None]
+
+DEFAULT_WINDOW_MS = 10_000
+DEFAULT_FAILURE_RATIO = 0.5
+DEFAULT_MIN_CALLS = 20
+DEFAULT_CONSECUTIVE_FAILURES = 10
+DEFAULT_OPEN_MS = 2_000
+DEFAULT_MAX_OPEN_MS = 15_000
+DEFAULT_HALF_OPEN_SUCCESSES = 1
+DEFAULT_PROBE_TIMEOUT_MS = 2_000
+DEFAULT_FAILURE_STATUSES = (500, 502, 503, 504)
 
 _CALLS = 0
 _FAILURES = 1
@@ -101,15 +111,15 @@ class Breaker:
     def __init__(
         self,
         *,
-        window_ms: int = 10_000,
-        failure_ratio: float = 0.5,
-        min_calls: int = 20,
-        consecutive_failures: int = 10,
-        open_ms: int = 2_000,
-        max_open_ms: int = 15_000,
-        half_open_successes: int = 1,
-        probe_timeout_ms: int = 2_000,
-        failure_statuses: Collection[int] = (500, 502, 503, 504),
+        window_ms: int = DEFAULT_WINDOW_MS,
+        failure_ratio: float = DEFAULT_FAILURE_RATIO,
+        min_calls: int = DEFAULT_MIN_CALLS,
+        consecutive_failures: int = DEFAULT_CONSECUTIVE_FAILURES,
+        open_ms: int = DEFAULT_OPEN_MS,
+        max_open_ms: int = DEFAULT_MAX_OPEN_MS,
+        half_open_successes: int = DEFAULT_HALF_OPEN_SUCCESSES,
+        probe_timeout_ms: int = DEFAULT_PROBE_TIMEOUT_MS,
+        failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
         enabled: bool = True,
     ) -> None:
         _check("window_ms", window_ms >= 1, window_ms, ">= 1")

@@ -20,10 +20,10 @@ the queue's ``reserved_fraction``): when the cap binds, bulk gives way first.
 
 **Bytes.** ``ByteBudget(max_bytes)`` holds ``used_bytes``. ``try_reserve(n)``
 succeeds iff ``n == 0`` or ``used_bytes + n <= max_bytes``; ``release(n)``
-gives ``n`` back (never below 0). The adapter reserves a request's declared
-``Content-Length`` at admission, an estimate of what the proxy and the retry
-stage will buffer for it, so the gateway refuses a request it could not hold
-before reading a byte of its body.
+gives ``n`` back (never below 0). The adapters reserve what they actually
+buffer, chunk by chunk as it arrives (the request body stage, the retry
+stage's held response), never a declared ``Content-Length``: a client that
+announces a large body and sends nothing holds no budget.
 """
 
 from __future__ import annotations

@@ -8,12 +8,17 @@ class BallastError(Exception):
 
 
 class HeaderError(BallastError):
-    """A request header is malformed: answered with 400 naming the header."""
+    """A request line or header is refused: answered with ``status`` naming the header.
 
-    def __init__(self, header: str, problem: str) -> None:
+    400 when malformed, 413 when the declared body is too large, 431 when the
+    headers are too large or too many.
+    """
+
+    def __init__(self, header: str, problem: str, status: int = 400) -> None:
         super().__init__(f"{header} {problem}")
         self.header = header
         self.problem = problem
+        self.status = status
 
 
 class ConfigError(BallastError):

@@ -54,13 +54,17 @@ class Permit:
         self.inflight_at_start = inflight_at_start
         self.released = False
 
-    def release(self, outcome: Outcome, now: float) -> None:
-        """Return the permit; a second call is counted and otherwise ignored."""
+    def release(self, outcome: Outcome, now: float, rtt_s: float | None = None) -> None:
+        """Return the permit; a second call is counted and otherwise ignored.
+
+        ``rtt_s`` is the round trip to sample (the time to the response head of a
+        streamed response); without it, ``now - start``.
+        """
         if self.released:
             self._limiter.double_releases += 1
             return
         self.released = True
-        self._limiter._release(self, outcome, now)
+        self._limiter._release(self, outcome, now, rtt_s)
 
 
 class _RateWindow:
@@ -206,14 +210,14 @@ class Limiter:
         """Call ``callback(now)`` after every release (one callback; None clears it)."""
         self._on_release = callback
 
-    def _release(self, permit: Permit, outcome: Outcome, now: float) -> None:
+    def _release(self, permit: Permit, outcome: Outcome, now: float, rtt_s: float | None) -> None:
         self._inflight -= 1
         if outcome is not Outcome.IGNORED:
-            self._record(permit, outcome is Outcome.DROPPED, now)
+            self._record(permit, outcome is Outcome.DROPPED, now, rtt_s)
         self._notify(now)
 
-    def _record(self, permit: Permit, dropped: bool, now: float) -> None:
-        rtt_s = max(0.0, now - permit.start)
+    def _record(self, permit: Permit, dropped: bool, now: float, rtt: float | None) -> None:
+        rtt_s = max(0.0, now - permit.start if rtt is None else rtt)
         self._completions.add(now)
         if not dropped:
             self._rtt_min.add(rtt_s, now)

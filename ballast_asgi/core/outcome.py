@@ -113,3 +113,12 @@ def breaker_verdict(outcome: AttemptOutcome) -> Verdict:
 def is_retryable(outcome: AttemptOutcome) -> bool:
     """Whether a retry may replace an attempt that ended so."""
     return outcome in RETRYABLE
+
+
+#: The statuses a response head counts as a failure when no config says otherwise.
+DEFAULT_FAILURE_STATUSES: frozenset[int] = frozenset({500, 502, 503, 504})
+
+
+def status_outcome(status: int, failure_statuses: frozenset[int]) -> AttemptOutcome:
+    """The outcome of an attempt whose response head carried ``status``."""
+    return AttemptOutcome.STATUS_5XX if status in failure_statuses else AttemptOutcome.SUCCESS

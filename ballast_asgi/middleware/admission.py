@@ -2,13 +2,21 @@
 
 The outermost shedding stage. For each HTTP request it
 
+0. reads the head once (``core/head.py``): a target that is not origin-form
+   gets 400, too many or too large headers 431, a declared Content-Length
+   above the body limit 413, a duplicated X-Deadline-Ms with disagreeing
+   values 400; all before anything else (no budget, no permit, no read);
 1. parses ``X-Priority`` and ``X-Deadline-Ms`` (400 naming the header when malformed);
 2. lets the ``Classifier`` (when given) choose the tier: a trusted ``X-Priority``,
    else consumer key, path rules and the default; an untrusted header is ignored
    (counted in ``ballast_priority_header_ignored_total``), not validated;
 3. sheds with ``deadline`` a request whose budget is already spent, and with
    ``early_drop`` one that cannot make its deadline (when an estimator is given);
-4. otherwise creates the ``RequestContext`` and calls the inner app with it in scope.
+4. otherwise creates the ``RequestContext`` and calls the inner app with it in
+   scope, with a private copy of the header list (a server appending chunked
+   trailers to it later cannot change what is forwarded) in which
+   ``X-Priority`` is normalised to the tier chosen, or removed when it was
+   ignored (an untrusted value never reaches the upstream).
 
 Dry-run (``responder.dry_run``): a request step 3 would shed is counted in
 ``ballast_dry_run_shed_total`` and admitted; a dead-on-arrival one goes upstream
@@ -18,17 +26,22 @@ with ``X-Deadline-Ms: 0``. A malformed header is still a 400 (not a shed).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from ballast_asgi.core.classify import Classifier
-from ballast_asgi.core.deadline import DEADLINE_HEADER, absolute_deadline
+from ballast_asgi.core.deadline import absolute_deadline
 from ballast_asgi.core.errors import HeaderError
-from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.head import HeadLimits, RequestHead, check_target, read_head
+from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES, ShedReason
 from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
-from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
-from ballast_asgi.middleware.responses import ShedResponder, send_bad_request
+from ballast_asgi.middleware.responses import ShedResponder, send_refusal
+
+#: The request's breaker key (route template or rule group), or None.
+RouteKey = Callable[[Scope], "str | None"]
 
 
 class EarlyDrop(Protocol):
@@ -50,6 +63,9 @@ class AdmissionMiddleware:
         default_deadline_ms: float | None = None,
         classifier: Classifier | None = None,
         early_drop: EarlyDrop | None = None,
+        limits: HeadLimits = HeadLimits(),  # noqa: B008 - frozen value object
+        failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
+        route_key: RouteKey | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         if default_deadline_ms is not None and default_deadline_ms <= 0:
@@ -61,6 +77,9 @@ class AdmissionMiddleware:
         self.default_deadline_ms = default_deadline_ms
         self.classifier = classifier
         self.early_drop = early_drop
+        self.limits = limits
+        self.failure_statuses = frozenset(failure_statuses)
+        self.route_key = route_key
         self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,28 +88,39 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         now = self.clock()
-        raw_priority, raw_deadline = _find_headers(scope)
         try:
-            priority = self._classify(scope, raw_priority)
-            deadline = absolute_deadline(raw_deadline, now, self.default_deadline_ms)
+            check_target(scope.get("raw_path") or scope["path"])
+            head = read_head(scope["headers"], self.limits)
+            priority, ignored = self._classify(scope, head.priority)
+            deadline = absolute_deadline(head.deadline, now, self.default_deadline_ms)
         except HeaderError as exc:
             self.metrics.bad_requests.labels(exc.header).inc()
-            await send_bad_request(send, str(exc), exc.header)
+            await send_refusal(send, exc)
             return
-        ctx = RequestContext(arrival=now, deadline=deadline, priority=priority)
+        ctx = RequestContext(
+            arrival=now,
+            deadline=deadline,
+            priority=priority,
+            head=head,
+            route=None if self.route_key is None else self.route_key(scope),
+            clock=self.clock,
+            failure_statuses=self.failure_statuses,
+        )
         self.metrics.count_request(priority)
         reason = self._shed_reason(ctx, now)
         if reason is not None and await self.responder.refuse(send, ctx, reason, ctx.priority):
             return
-        await self.app(with_context(scope, ctx), receive, send)
+        child = with_context(scope, ctx)
+        child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
+        await self.app(child, receive, send)
 
-    def _classify(self, scope: Scope, raw_priority: bytes | None) -> Priority:
+    def _classify(self, scope: Scope, raw_priority: bytes | None) -> tuple[Priority, bool]:
         if self.classifier is None:
-            return parse_priority(raw_priority, self.default_priority)
+            return parse_priority(raw_priority, self.default_priority), False
         priority, ignored = self.classifier.classify_scope(scope)
         if ignored:
             self.metrics.priority_ignored.inc()
-        return priority
+        return priority, ignored
 
     def _shed_reason(self, ctx: RequestContext, now: float) -> ShedReason | None:
         if ctx.deadline is None:
@@ -105,12 +135,16 @@ class AdmissionMiddleware:
         return None
 
 
-def _find_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
-    priority: bytes | None = None
-    deadline: bytes | None = None
-    for name, value in scope.get("headers") or ():
-        if name == PRIORITY_HEADER and priority is None:
-            priority = value
-        elif name == DEADLINE_HEADER and deadline is None:
-            deadline = value
-    return priority, deadline
+_TIER_VALUES = {p: (PRIORITY_HEADER, p.label.encode()) for p in Priority}
+
+
+def _forwarded_headers(
+    headers: RawHeaders, head: RequestHead, priority: Priority, ignored: bool
+) -> RawHeaders:
+    """A private copy of ``headers``; X-Priority normalised to ``priority`` or removed."""
+    if head.priority is None:
+        return list(headers)
+    kept = [h for h in headers if h[0] != PRIORITY_HEADER]
+    if not ignored:
+        kept.append(_TIER_VALUES[priority])
+    return kept

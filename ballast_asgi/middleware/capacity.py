@@ -4,11 +4,13 @@ Sits directly inside ``AdmissionMiddleware`` and outside ``QueueMiddleware``,
 so dead-on-arrival and malformed requests are answered first and the queue
 never grows past the cap. For each HTTP request it
 
-1. reads the tier from the request context (STANDARD when there is none) and
-   the declared ``Content-Length`` from the raw header list (0 when absent);
-2. asks ``Capacity.try_enter`` (held-request cap with a critical reserve, and
-   the buffered-bytes budget); on refusal it sheds with ``capacity`` through
-   the shared ``ShedResponder``, before a byte of the body is read;
+1. reads the tier from the request context (STANDARD when there is none);
+2. asks ``Capacity.try_enter`` (held-request cap with a critical reserve); on
+   refusal it sheds with ``capacity`` through the shared ``ShedResponder``,
+   before a byte of the body is read. Bytes are not reserved here: the body
+   stage and the retry stage count in the byte budget what they actually
+   buffer, as they buffer it (a declared Content-Length reserves nothing, so
+   an idle upload cannot hold the budget);
 3. otherwise runs the inner app and calls ``Capacity.leave`` in ``finally``,
    exactly once, whatever the inner app did (returned, raised, was cancelled).
 
@@ -25,8 +27,6 @@ from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.middleware.context import find_context
 from ballast_asgi.middleware.responses import ShedResponder
-
-_CONTENT_LENGTH = b"content-length"
 
 
 class CapacityMiddleware:
@@ -47,21 +47,12 @@ class CapacityMiddleware:
             await self.app(scope, receive, send)
             return
         priority = Priority.STANDARD if ctx is None else ctx.priority
-        body_bytes = _content_length(scope)
         capacity = self.capacity
-        if not capacity.try_enter(priority, body_bytes):
+        if not capacity.try_enter(priority):
             if not await self.responder.refuse(send, ctx, ShedReason.CAPACITY, priority):
                 await self.app(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            capacity.leave(body_bytes)
-
-
-def _content_length(scope: Scope) -> int:
-    """The declared body size (0 when absent or malformed: the proxy rejects those)."""
-    for name, value in scope.get("headers") or ():
-        if name == _CONTENT_LENGTH:
-            return int(value) if value.isdigit() else 0
-    return 0
+            capacity.leave()

@@ -2,16 +2,12 @@
 
 Uses the permit the queue stage granted (``ctx.permit``) or takes one itself;
 without one the request is shed with ``limit``. After the inner app returns or
-raises, the permit is released exactly once, in ``finally``, with the outcome:
-
-1. ``ctx.outcome`` when an inner stage set it;
-2. IGNORED when the request was cancelled, the client went away
-   (``ctx.client_gone``), or an inner stage shed it (``ctx.shed_reason``,
-   so nothing reached the upstream);
-3. DROPPED when the inner app raised, the proxy reported ``ctx.upstream_error``,
-   or the response status is >= 500;
-4. IGNORED when no response was started at all;
-5. SUCCESS otherwise (the round trip is an RTT sample).
+raises, the permit is released exactly once, in ``finally``, with the
+limiter signal of the last attempt's recorded ``AttemptOutcome``
+(``limiter_signal``: success samples the attempt's time to the response head,
+upstream failures are drops) and IGNORED when no upstream attempt was recorded
+(shed downstream, the client left first, the gateway's own error): only
+upstream outcomes feed the limiter.
 
 Dry-run (``responder.dry_run``): a request over the limit is counted in
 ``ballast_dry_run_shed_total`` and runs without a permit, as does one an outer
@@ -23,28 +19,23 @@ back early and clears ``ctx.permit``; the release here is then skipped.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-from ballast_asgi.core.limiter import Limiter
-from ballast_asgi.core.outcome import Outcome, ShedReason
-from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.outcome import Outcome, ShedReason, limiter_signal
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.responses import ShedResponder
 
 
-def outcome_for(ctx: RequestContext, status: int | None, error: BaseException | None) -> Outcome:
-    """The limiter outcome of a finished request (the rule in the module docstring)."""
-    if ctx.outcome is not None:
-        return ctx.outcome
-    if isinstance(error, asyncio.CancelledError) or ctx.client_gone or ctx.shed_reason is not None:
-        return Outcome.IGNORED
-    if error is not None or ctx.upstream_error is not None:
-        return Outcome.DROPPED
-    if status is None:
-        return Outcome.IGNORED
-    return Outcome.DROPPED if status >= 500 else Outcome.SUCCESS
+def release(permit: Permit, ctx: RequestContext, now: float) -> None:
+    """Release ``permit`` with the signal of the request's last recorded attempt."""
+    outcome = ctx.outcome
+    if outcome is None:
+        permit.release(Outcome.IGNORED, now)
+    else:
+        permit.release(limiter_signal(outcome), now, ctx.rtt_s)
 
 
 class ConcurrencyMiddleware:
@@ -88,20 +79,8 @@ class ConcurrencyMiddleware:
         if permit is None:  # dry-run: admitted over the limit; no permit to release
             await self.app(scope, receive, send)
             return
-        status: int | None = None
-        error: BaseException | None = None
-
-        async def send_noting_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         try:
-            await self.app(scope, receive, send_noting_status)
-        except BaseException as exc:
-            error = exc
-            raise
+            await self.app(scope, receive, send)
         finally:
             if ctx.permit is permit:  # else an inner stage handed it back (dry-run breaker)
-                permit.release(outcome_for(ctx, status, error), self.clock())
+                release(permit, ctx, self.clock())

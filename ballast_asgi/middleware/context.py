@@ -6,17 +6,38 @@ context under ``scope["ballast"]`` and ``scope["state"]["ballast"]`` (so a
 FastAPI handler can read ``request.state.ballast``). Inner stages call
 ``get_context(scope)``, which fails with a clear message when admission is
 missing from the stack.
+
+Who writes what (one writer per field):
+
+* admission: ``arrival``, ``deadline``, ``priority``, ``head`` (the request
+  headers the stages need, parsed once), ``route``;
+* the body stage: ``body`` (the replayable request body, when it fits);
+* the queue / concurrency stage: ``permit``, ``queue_wait_s``;
+* the retry stage: ``attempt`` (through ``next_attempt``);
+* the proxy's selector seam: ``tried_upstreams``;
+* whoever produced the response (the proxy, or the in-app handler stage):
+  ``outcome`` and ``rtt_s`` through ``record``, once per attempt, before the
+  response head is sent;
+  (``record_status`` for a response head);
+* the shed point (``ShedResponder``): ``shed_reason`` / ``would_shed``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ballast_asgi.core.errors import ContextMissingError
-from ballast_asgi.core.outcome import AttemptOutcome, Outcome, ShedReason
+from ballast_asgi.core.head import NO_HEAD, RequestHead
+from ballast_asgi.core.outcome import (
+    DEFAULT_FAILURE_STATUSES,
+    AttemptOutcome,
+    ShedReason,
+    status_outcome,
+)
 from ballast_asgi.core.priority import Priority
-from ballast_asgi.core.types import Scope
+from ballast_asgi.core.types import Clock, Scope
 
 if TYPE_CHECKING:
     from ballast_asgi.core.limiter import Permit
@@ -33,28 +54,61 @@ class RequestContext:
     #: Absolute deadline on the monotonic clock, or None for no deadline.
     deadline: float | None
     priority: Priority
+    #: The request headers the stages need (parsed once at admission).
+    head: RequestHead = NO_HEAD
+    #: The breaker (and route) key: the route template or rule group, None for the default.
+    route: str | None = None
     #: The concurrency permit, once granted (by the queue or the limiter stage).
     permit: Permit | None = None
     #: Upstream attempt number, 0 for the original.
     attempt: int = 0
     #: Seconds spent waiting in the priority queue.
     queue_wait_s: float = 0.0
-    #: Set by inner stages: the outcome the limiter should record.
-    outcome: Outcome | None = None
-    #: Set by the proxy on failure: "connect", "protocol", "timeout", or None.
-    upstream_error: str | None = None
+    #: How the current attempt ended (recorded once, by whoever produced the response).
+    outcome: AttemptOutcome | None = None
+    #: The current attempt's time to the response head (the limiter's RTT sample).
+    rtt_s: float | None = None
+    #: The request body, buffered in full by the body stage (None: not buffered).
+    body: bytes | None = None
     #: Set when the request was shed.
     shed_reason: ShedReason | None = None
-    #: Set when the client disconnected before the response completed.
-    client_gone: bool = False
     #: Dry-run: the reasons this request would have been shed for.
     would_shed: list[ShedReason] = field(default_factory=list)
-    #: How the current attempt ended; set by the proxy (or app) before the response head.
-    attempt_outcome: AttemptOutcome | None = None
-    #: The current attempt's time to the response head (seconds); None without a head.
-    head_rtt_s: float | None = None
     #: The upstreams earlier attempts of this request went to (the selector's ``exclude``).
     tried_upstreams: tuple[object, ...] = ()
+    #: The clock ``deadline`` is on (``remaining_ms`` reads it).
+    clock: Clock = time.monotonic
+    #: Response statuses that make an attempt a failure (``breaker.failure_statuses``).
+    failure_statuses: frozenset[int] = DEFAULT_FAILURE_STATUSES
+
+    def record(self, outcome: AttemptOutcome, rtt_s: float | None = None) -> None:
+        """Record how the current attempt ended; the first record of an attempt wins."""
+        if self.outcome is None:
+            self.outcome = outcome
+            self.rtt_s = rtt_s
+
+    def status_outcome(self, status: int) -> AttemptOutcome:
+        """The outcome of a response head with ``status`` (``failure_statuses`` decide)."""
+        return status_outcome(status, self.failure_statuses)
+
+    def record_status(self, status: int, rtt_s: float | None = None) -> None:
+        """Record an attempt that got a response head with ``status``."""
+        self.record(status_outcome(status, self.failure_statuses), rtt_s)
+
+    def next_attempt(self) -> None:
+        """Start another attempt: a fresh, unrecorded outcome."""
+        self.attempt += 1
+        self.outcome = None
+        self.rtt_s = None
+
+    def remaining_ms(self) -> float | None:
+        """Milliseconds left before the deadline (<= 0 once passed); None without one.
+
+        For handlers that pass the budget on (e.g. as ``X-Deadline-Ms`` of a call they make).
+        """
+        if self.deadline is None:
+            return None
+        return (self.deadline - self.clock()) * 1000.0
 
 
 def with_context(scope: Scope, ctx: RequestContext) -> Scope:

@@ -7,9 +7,9 @@ For each HTTP request (inside ``AdmissionMiddleware``):
    refused with ``queue_full``) and await a future, with one loop timer
    armed at the waiter's expiry: the waiter is shed the moment its deadline
    (``deadline``) or queue timeout (``queue_timeout``) passes, not at dequeue;
-3. while waiting, watch ``receive()``: body messages are buffered and replayed
-   to the inner app later; ``http.disconnect`` removes the waiter, marks
-   ``ctx.client_gone`` and ends the request with nothing sent upstream;
+3. while waiting, watch ``receive()`` (``_asgi.watch_disconnect``): body
+   messages are kept and replayed to the inner app later; ``http.disconnect``
+   removes the waiter and ends the request with nothing sent upstream;
 4. when any permit is released the limiter calls back here and
    ``queue.dispatch`` hands free permits to the best waiters. A permit that
    reaches a waiter which has just gone is passed on, never leaked; a waiter
@@ -42,6 +42,7 @@ from ballast_asgi.core.outcome import Outcome, ShedReason
 from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
+from ballast_asgi.middleware._asgi import replay, watch_disconnect
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.responses import ShedResponder
 
@@ -119,7 +120,7 @@ class QueueMiddleware:
             return
         buffered: list[Message] = []
         result = await self._wait(waiter, receive, buffered, loop)
-        await self._after_wait(scope, _replay(buffered, receive), send, ctx, waiter, result)
+        await self._after_wait(scope, replay(buffered, receive), send, ctx, waiter, result)
 
     async def _after_wait(
         self,
@@ -132,7 +133,6 @@ class QueueMiddleware:
     ) -> None:
         now = self.clock()
         if result == GONE:
-            ctx.client_gone = True
             return
         ctx.queue_wait_s = now - waiter.enqueued_at
         self.metrics.observe_queue_wait(ctx.priority, ctx.queue_wait_s)
@@ -157,8 +157,7 @@ class QueueMiddleware:
     ) -> Any:
         future: asyncio.Future[Any] = waiter.handle
         timer = self._arm_timer(waiter, loop)
-        watcher = loop.create_task(self._watch(receive, buffered, waiter))
-        watcher.add_done_callback(_retrieve)
+        watcher = watch_disconnect(receive, lambda: self._leave(waiter, GONE), buffered)
         try:
             return await future
         except BaseException:
@@ -177,17 +176,6 @@ class QueueMiddleware:
             return None
         when, reason = expiry
         return loop.call_at(loop.time() + (when - self.clock()), self._leave, waiter, reason)
-
-    async def _watch(self, receive: Receive, buffered: list[Message], waiter: Waiter) -> None:
-        try:
-            while True:
-                message = await receive()
-                buffered.append(message)
-                if message["type"] == "http.disconnect":
-                    break
-        except Exception:  # a failing receive means the client is unusable
-            pass
-        self._leave(waiter, GONE)
 
     def _leave(self, waiter: Waiter, result: Any) -> None:
         """Take ``waiter`` out of the queue and wake it with ``result`` (first one wins)."""
@@ -215,20 +203,3 @@ def _deliver(waiter: Waiter, permit: Permit) -> bool:
         return False
     future.set_result(permit)
     return True
-
-
-def _replay(buffered: list[Message], receive: Receive) -> Receive:
-    if not buffered:
-        return receive
-
-    async def replay() -> Message:
-        if buffered:
-            return buffered.pop(0)
-        return await receive()
-
-    return replay
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()

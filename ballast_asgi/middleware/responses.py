@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Callable
 
+from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Send
@@ -39,12 +40,17 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_bad_request(send: Send, message: str, header: str | None = None) -> None:
-    """400 with a JSON message naming the offending header."""
-    payload: dict[str, object] = {"error": "bad_request", "message": message}
-    if header is not None:
-        payload["header"] = header
-    await send_json(send, 400, payload)
+_ERRORS = {400: "bad_request", 413: "payload_too_large", 431: "headers_too_large"}
+
+
+async def send_refusal(send: Send, exc: HeaderError) -> None:
+    """The 4xx a refused request head gets (400, 413 or 431), naming the header."""
+    payload: dict[str, object] = {
+        "error": _ERRORS.get(exc.status, "bad_request"),
+        "message": str(exc),
+        "header": exc.header,
+    }
+    await send_json(send, exc.status, payload, [(b"connection", b"close")])
 
 
 class ShedResponder:
@@ -77,6 +83,11 @@ class ShedResponder:
         base = max(1.0, self.drain_estimate())
         jittered = base * (1.0 + self._rng.uniform(-self.jitter, self.jitter))
         return max(1, min(self.max_retry_after_s, math.ceil(jittered)))
+
+    @staticmethod
+    def priority_of(ctx: RequestContext | None) -> Priority:
+        """The request's tier (STANDARD when no admission stage classified it)."""
+        return Priority.STANDARD if ctx is None else ctx.priority
 
     def count_would_shed(
         self, ctx: RequestContext | None, reason: ShedReason, priority: Priority

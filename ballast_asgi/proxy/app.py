@@ -42,7 +42,7 @@ from typing import Any, cast
 import httpx
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.core.outcome import AttemptOutcome, Outcome, limiter_signal
+from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
@@ -221,7 +221,7 @@ class ProxyApp:
         timeout, deadline_ms = self._timeout_for(ctx)
         if timeout is None:
             if ctx is not None:
-                ctx.attempt_outcome, ctx.head_rtt_s = AttemptOutcome.DEADLINE, None
+                ctx.record(AttemptOutcome.DEADLINE)
             await self._failure(send, ctx, "deadline")
             return
         if deadline_ms is not None:
@@ -276,7 +276,9 @@ class ProxyApp:
         rtt_s = now - started
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(rtt_s)
-        self._record(ctx, upstream, status_outcome(response.status_code), rtt_s, now)
+        status = response.status_code
+        outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
+        self._record(ctx, upstream, outcome, rtt_s, now)
         return response
 
     async def _attempt_failed(
@@ -289,8 +291,6 @@ class ProxyApp:
     ) -> None:
         """No head: the client left, the body was too large, or the upstream failed."""
         if source is not None and source.gone:
-            if ctx is not None:
-                ctx.attempt_outcome = AttemptOutcome.CLIENT_GONE
             _gone(ctx)
             return
         if source is not None and source.too_large:
@@ -349,8 +349,7 @@ class ProxyApp:
     ) -> None:
         """Record the attempt's outcome once, before its response head (the proxy/retry seam)."""
         if ctx is not None:
-            ctx.attempt_outcome = outcome
-            ctx.head_rtt_s = rtt_s
+            ctx.record(outcome, rtt_s)
             ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
         self.selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
 
@@ -359,8 +358,7 @@ class ProxyApp:
     ) -> None:
         """The gateway's own refusal (bad target, body too large): counts as nothing."""
         if ctx is not None:
-            ctx.attempt_outcome = AttemptOutcome.GATEWAY_ERROR
-            ctx.outcome = limiter_signal(AttemptOutcome.GATEWAY_ERROR)
+            ctx.record(AttemptOutcome.GATEWAY_ERROR)
         await send_json(send, status, payload)
 
     def _timeout_for(self, ctx: RequestContext | None) -> tuple[Timeouts | None, bytes | None]:
@@ -396,16 +394,13 @@ class ProxyApp:
         await send_json(send, status, payload)
 
     def _count_error(self, ctx: RequestContext | None, kind: str) -> None:
-        if ctx is not None:
-            ctx.upstream_error = kind
-            ctx.outcome = Outcome.DROPPED
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(kind).inc()
 
 
 def _gone(ctx: RequestContext | None) -> None:
     if ctx is not None:
-        ctx.client_gone = True
+        ctx.record(AttemptOutcome.CLIENT_GONE)  # a no-op once the head was recorded
 
 
 def _timeouts(seconds: float, config: ProxyConfig) -> Timeouts:

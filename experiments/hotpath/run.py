@@ -11,7 +11,7 @@ the proxy and the httpx objects. Configurations, innermost first::
 
     proxy        ProxyApp alone
     admission    AdmissionMiddleware -> ProxyApp (the inner stages need its context)
-    +breaker     + BreakerMiddleware (buffered retries on), inside admission
+    +breaker     + RetryMiddleware over BreakerMiddleware (retries on), inside admission
     +concurrency + ConcurrencyMiddleware
     +queue       + QueueMiddleware
     +capacity    + CapacityMiddleware (now the whole ``build_stack``)
@@ -48,13 +48,12 @@ from ballast_asgi.core.classify import Classifier
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.transport import AiohttpTransport
-from ballast_asgi.stack import build_parts
+from ballast_asgi.stack import breaker_and_retry, build_parts
 from experiments._harness.procs import processes
 from experiments._harness.servers import find_binary, start_nginx_backend
 
@@ -150,10 +149,7 @@ def stacks(transport: httpx.AsyncBaseTransport, upstream: str) -> dict[str, App]
     parts = build_parts(config, metrics)
     proxy = ProxyApp(upstream, config=config.proxy, transport=transport, metrics=metrics)
     out: dict[str, App] = {"proxy": proxy, "admission": _with_ctx(proxy, parts, config)}
-    app: App = BreakerMiddleware(
-        proxy, breaker=parts.breaker, budget=parts.budget, responder=parts.responder,
-        metrics=metrics, config=config.retry, clock=parts.clock, rng=parts.rng,
-    )  # fmt: skip
+    app: App = breaker_and_retry(proxy, parts, config, retries=True)
     out["+breaker"] = _with_ctx(app, parts, config)
     app = ConcurrencyMiddleware(app, limiter=parts.limiter, responder=parts.responder,
                                 metrics=metrics)  # fmt: skip

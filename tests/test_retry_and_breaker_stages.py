@@ -1,4 +1,4 @@
-"""BreakerMiddleware against tiny scripted upstream apps (fake clock, no real waiting)."""
+"""RetryMiddleware over BreakerMiddleware against scripted upstream apps (fake clock)."""
 
 from __future__ import annotations
 
@@ -15,27 +15,22 @@ import pytest
 
 from ballast_asgi.config import RetryConfig
 from ballast_asgi.core.breaker import Breaker, BreakerState
-from ballast_asgi.core.outcome import Outcome, ShedReason
+from ballast_asgi.core.head import HeadLimits, read_head
+from ballast_asgi.core.outcome import AttemptOutcome, ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics, null_metrics
+from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.context import RequestContext, find_context, with_context
 from ballast_asgi.middleware.responses import ShedResponder, send_json
+from ballast_asgi.middleware.retry import RetryMiddleware
 from ballast_asgi.proxy.app import ProxyApp
+from tests.fakes import FakeClock
 
 Behaviour = Callable[[Scope, Receive, Send, "Harness"], Awaitable[None]]
-
-
-class FakeClock:
-    """Monotonic seconds that only move when told to."""
-
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+CHUNKED = (b"transfer-encoding", b"chunked")
 
 
 class Harness:
@@ -52,6 +47,7 @@ class Harness:
         with_ctx: bool = True,
         upstream: ASGIApp | None = None,
         clock: FakeClock | None = None,
+        replay_max_bytes: int = 1 << 20,
     ) -> None:
         self.clock = clock or FakeClock()
         self.script = script
@@ -63,16 +59,30 @@ class Harness:
         self.budget = budget or RetryBudget(min_retries_per_s=10.0)
         self.deadline_s = deadline_s
         self.with_ctx = with_ctx
-        self.middleware = BreakerMiddleware(
+        responder = ShedResponder(self.metrics, rng=random.Random(0))
+        self.stage = BreakerMiddleware(
             upstream or self.inner,
             breaker=self.breaker,
+            responder=responder,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.retry = RetryMiddleware(
+            self.stage,
             budget=self.budget,
-            responder=ShedResponder(self.metrics, rng=random.Random(0)),
             metrics=self.metrics,
             config=config or RetryConfig(backoff_base_ms=10, backoff_max_ms=200),
+            gate=self.stage.admits,
             clock=self.clock,
             rng=random.Random(1),
             sleep=self.sleep,
+        )
+        self.middleware = BodyMiddleware(
+            self.retry,
+            responder=responder,
+            metrics=self.metrics,
+            replay_max_bytes=replay_max_bytes,
+            clock=self.clock,
         )
 
     async def sleep(self, seconds: float) -> None:
@@ -95,7 +105,8 @@ class Harness:
         if scope["type"] == "http" and self.with_ctx:
             now = self.clock()
             deadline = None if self.deadline_s is None else now + self.deadline_s
-            ctx = RequestContext(arrival=now, deadline=deadline, priority=Priority.BULK)
+            head = read_head(scope["headers"], HeadLimits())
+            ctx = RequestContext(arrival=now, deadline=deadline, priority=Priority.BULK, head=head)
             self.contexts.append(ctx)
             scope = with_context(scope, ctx)
         await self.middleware(scope, receive, send)
@@ -119,14 +130,21 @@ def ok(status: int = 200, body: bytes = b"ok") -> Behaviour:
     return run
 
 
+_KINDS = {
+    "connect": AttemptOutcome.CONNECT_ERROR,
+    "timeout": AttemptOutcome.TIMEOUT,
+    "deadline": AttemptOutcome.DEADLINE,
+    "protocol": AttemptOutcome.PROTOCOL_ERROR,
+}
+
+
 def upstream_error(kind: str, status: int) -> Behaviour:
-    """What the proxy does on a connect error (502) or a timeout (504)."""
+    """What the proxy does on a connect error (502) or a timeout (504): record, then answer."""
 
     async def run(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
         ctx = find_context(scope)
         if ctx is not None:
-            ctx.upstream_error = kind
-            ctx.outcome = Outcome.DROPPED
+            ctx.record(_KINDS[kind])
         await send_json(send, status, {"error": kind})
 
     return run
@@ -139,14 +157,12 @@ async def reset_mid_body_raise(scope: Scope, receive: Receive, send: Send, h: Ha
     raise ConnectionResetError("upstream reset")
 
 
-async def reset_mid_body_proxy(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
-    """The proxy's view of a reset mid-body: start sent, body cut, upstream_error=protocol."""
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+async def reset_before_head(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
+    """A reset before any byte of the response: recorded, then raised."""
     ctx = find_context(scope)
-    assert ctx is not None
-    ctx.upstream_error = "protocol"
-    ctx.outcome = Outcome.DROPPED
+    if ctx is not None:
+        ctx.record(AttemptOutcome.PROTOCOL_ERROR)
+    raise ConnectionResetError("upstream reset before the head")
 
 
 async def hang_past_deadline(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
@@ -176,6 +192,7 @@ async def raw_call(
     method: str = "GET",
     chunks: list[bytes] | None = None,
     disconnect_after_body: bool = False,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> list[Message]:
     incoming: list[Message] = [
         {"type": "http.request", "body": c, "more_body": i < len(chunks or [b""]) - 1}
@@ -195,7 +212,10 @@ async def raw_call(
     async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": "/", "headers": [], "query_string": b""}
+    scope = {
+        "type": "http", "method": method, "path": "/", "headers": headers or [],
+        "query_string": b"",
+    }  # fmt: skip
     try:
         await app(scope, receive, send)
     finally:
@@ -214,7 +234,7 @@ async def test_success_passes_through() -> None:
         r = await client.get("/")
     assert (r.status_code, r.content) == (200, b"hello")
     assert len(h.calls) == 1 and h.retries("attempted") == 0
-    assert h.contexts[0].outcome is None
+    assert h.contexts[0].outcome is AttemptOutcome.SUCCESS
 
 
 @pytest.mark.anyio
@@ -249,7 +269,7 @@ async def test_connection_refused_is_retried() -> None:
     assert [c["attempt"] for c in h.calls] == [0, 1]
     assert h.retries("attempted") == 1 and h.retries("succeeded") == 1
     ctx = h.contexts[0]
-    assert ctx.attempt == 1 and ctx.upstream_error is None and ctx.outcome is None
+    assert ctx.attempt == 1 and ctx.outcome is AttemptOutcome.SUCCESS
     assert len(h.sleeps) == 1 and 0 <= h.sleeps[0] <= 0.010
 
 
@@ -262,7 +282,7 @@ async def test_503_retried_up_to_max_attempts_then_returned() -> None:
     assert (r.status_code, r.content) == (503, b"busy")
     assert len(h.calls) == 3
     assert h.retries("attempted") == 2 and h.retries("succeeded") == 0
-    assert h.contexts[0].outcome is Outcome.DROPPED
+    assert h.contexts[0].outcome is AttemptOutcome.STATUS_5XX
     assert all(s <= c for s, c in zip(h.sleeps, (0.010, 0.020), strict=True))
 
 
@@ -306,18 +326,50 @@ async def test_post_with_idempotency_key_is_retried_with_the_same_body() -> None
 
 
 @pytest.mark.anyio
-async def test_reset_mid_body_raising_is_retried_before_the_commit_point() -> None:
-    """An app that dies after its headers is replaced; the client never sees the partial body."""
+async def test_a_failure_after_a_success_head_propagates_and_is_not_retried() -> None:
+    """Once a 2xx head is passed on the body streams: a reset mid-body aborts, never retries."""
     h = Harness([reset_mid_body_raise, ok(200, b"whole")])
-    async with h.client() as client:
-        r = await client.get("/")
-    assert (r.status_code, r.content) == (200, b"whole")
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    with pytest.raises(ConnectionResetError):
+        await h.app({"type": "http", "method": "GET", "path": "/", "headers": []}, receive, send)
+    assert len(h.calls) == 1
+    assert [m.get("body") for m in sent[1:]] == [b"partial"]
 
 
 @pytest.mark.anyio
-async def test_reset_mid_body_from_the_proxy_is_retried() -> None:
-    """A protocol error after the start (the proxy's reset) is retried like a 502."""
-    h = Harness([reset_mid_body_proxy, ok(200, b"whole")])
+async def test_the_head_streams_before_the_body_is_complete() -> None:
+    """A success head reaches the client before the inner app sends its body (no buffering)."""
+    seen_at_body: list[int] = []
+    sent: list[Message] = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        seen_at_body.append(len(sent))
+        await send({"type": "http.response.body", "body": b"x"})
+
+    h = Harness([inner])
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await h.app({"type": "http", "method": "GET", "path": "/", "headers": []}, receive, send)
+    assert seen_at_body == [1]
+
+
+@pytest.mark.anyio
+async def test_reset_before_the_head_is_retried() -> None:
+    """A reset before any response byte (recorded PROTOCOL_ERROR, raised) is retried."""
+    h = Harness([reset_before_head, ok(200, b"whole")])
     async with h.client() as client:
         r = await client.get("/")
     assert (r.status_code, r.content) == (200, b"whole")
@@ -327,11 +379,27 @@ async def test_reset_mid_body_from_the_proxy_is_retried() -> None:
 @pytest.mark.anyio
 async def test_final_exception_is_reraised_not_swallowed() -> None:
     """When no retry is left, the inner app's exception propagates."""
-    h = Harness([reset_mid_body_raise], config=RetryConfig(max_attempts=2, backoff_base_ms=0))
+    h = Harness([reset_before_head], config=RetryConfig(max_attempts=2, backoff_base_ms=0))
     with pytest.raises(ConnectionResetError):
         await raw_call(h.app)
     assert len(h.calls) == 2
-    assert h.contexts[0].outcome is Outcome.DROPPED
+    assert h.contexts[0].outcome is AttemptOutcome.PROTOCOL_ERROR
+
+
+@pytest.mark.anyio
+async def test_the_gateways_own_exception_is_neither_retried_nor_a_breaker_failure() -> None:
+    """An inner app raising with nothing recorded (a gateway bug) counts as nothing."""
+
+    async def bug(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
+        raise ValueError("cannot build the upstream URL")
+
+    h = Harness([bug], breaker=Breaker(consecutive_failures=1))
+    for _ in range(5):
+        with pytest.raises(ValueError):
+            await raw_call(h.app)
+    assert len(h.calls) == 5
+    assert h.breaker.state(h.clock()) is BreakerState.CLOSED
+    assert h.breaker.snapshot(h.clock())["window_calls"] == 0
 
 
 @pytest.mark.anyio
@@ -353,7 +421,7 @@ async def test_deadline_timeouts_never_trip_the_breaker() -> None:
         for _ in range(30):
             assert (await client.get("/")).status_code == 504
     assert h.breaker.state(h.clock()) == "closed"
-    assert all(c.outcome is Outcome.DROPPED for c in h.contexts)
+    assert all(c.outcome is AttemptOutcome.DEADLINE for c in h.contexts)
 
 
 @pytest.mark.anyio
@@ -394,7 +462,7 @@ async def test_open_breaker_sheds_without_calling_upstream() -> None:
     assert r.headers["retry-after"] == "5"
     assert json.loads(r.content)["priority"] == "bulk"
     assert h.contexts[1].shed_reason is ShedReason.BREAKER_OPEN
-    assert h.contexts[1].outcome is Outcome.IGNORED
+    assert h.contexts[1].outcome is None  # no upstream attempt
 
 
 @pytest.mark.anyio
@@ -459,7 +527,7 @@ async def test_streaming_mode_passes_through_without_retries() -> None:
     assert [m["type"] for m in messages] == ["http.response.start", "http.response.body"]
     assert messages[0]["status"] == 503
     assert h.breaker.snapshot(h.clock())["window_failures"] == 1
-    assert h.contexts[0].outcome is Outcome.DROPPED
+    assert h.contexts[0].outcome is AttemptOutcome.STATUS_5XX
 
 
 @pytest.mark.anyio
@@ -515,8 +583,10 @@ async def test_large_response_commits_and_is_not_retried() -> None:
 @pytest.mark.anyio
 async def test_large_request_body_gets_one_streamed_attempt() -> None:
     """A request body over max_buffer_bytes is forwarded whole but cannot be replayed."""
-    h = Harness([ok(503)], config=RetryConfig(max_buffer_bytes=10))
-    messages = await raw_call(h.app, method="PUT", chunks=[b"a" * 8, b"b" * 8, b"c" * 8])
+    h = Harness([ok(503)], replay_max_bytes=10)
+    messages = await raw_call(
+        h.app, method="PUT", chunks=[b"a" * 8, b"b" * 8, b"c" * 8], headers=[CHUNKED]
+    )
     assert h.calls[0]["body"] == b"a" * 8 + b"b" * 8 + b"c" * 8
     assert len(h.calls) == 1
     assert messages[0]["status"] == 503
@@ -539,9 +609,10 @@ async def test_client_gone_while_reading_body_makes_no_call() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    await h.app({"type": "http", "method": "PUT", "path": "/", "headers": []}, receive, send)
+    scope = {"type": "http", "method": "PUT", "path": "/", "headers": [CHUNKED]}
+    await h.app(scope, receive, send)
     assert h.calls == [] and sent == []
-    assert h.contexts[0].client_gone
+    assert h.contexts[0].outcome is None
     assert h.breaker.snapshot(h.clock())["window_calls"] == 0
 
 
@@ -552,12 +623,14 @@ async def test_client_gone_during_attempt_stops_retries() -> None:
     async def sees_disconnect(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
         message = await receive()
         assert message["type"] == "http.disconnect"
-        await upstream_error("connect", 502)(scope, receive, send, h)
+        ctx = find_context(scope)
+        assert ctx is not None
+        ctx.record(AttemptOutcome.CLIENT_GONE)  # what the proxy does: no response
 
     h = Harness([sees_disconnect, ok()])
     await raw_call(h.app, disconnect_after_body=True)
     assert len(h.calls) == 1
-    assert h.contexts[0].client_gone
+    assert h.contexts[0].outcome is AttemptOutcome.CLIENT_GONE
 
 
 @pytest.mark.anyio
@@ -586,10 +659,11 @@ async def test_cancellation_frees_the_probe_and_propagates() -> None:
 
 @pytest.mark.anyio
 async def test_works_without_admission_context() -> None:
-    """Standalone (no RequestContext): retries on 503 and sheds as standard priority."""
+    """Standalone (no RequestContext): one attempt each, 5xx counted, shed as standard."""
     breaker = Breaker(consecutive_failures=2, open_ms=3_000)
     h = Harness([ok(503), ok(503), ok()], breaker=breaker, with_ctx=False)
     async with h.client() as client:
+        assert (await client.get("/")).status_code == 503
         r = await client.get("/")
         shed = await client.get("/")
     assert r.status_code == 503 and len(h.calls) == 2
@@ -622,12 +696,6 @@ async def test_metrics_show_state_transitions_and_budget() -> None:
 # -- with the real ProxyApp over httpx.MockTransport ---------------------------
 
 
-class _ResetAfterFirstChunk(httpx.AsyncByteStream):
-    async def __aiter__(self) -> Any:
-        yield b"part"
-        raise httpx.ReadError("connection reset by peer")
-
-
 @asynccontextmanager
 async def _proxied(
     handler: Callable[[httpx.Request], httpx.Response], **kw: Any
@@ -658,23 +726,6 @@ async def test_proxy_connect_error_is_retried() -> None:
         r = await client.get("/x")
     assert (r.status_code, r.content) == (200, b"from upstream")
     assert len(calls) == 2 and h.retries("succeeded") == 1
-
-
-@pytest.mark.anyio
-async def test_proxy_reset_mid_body_is_retried() -> None:
-    """A body cut by the upstream (proxy: protocol error after the start) is retried."""
-    calls: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request)
-        if len(calls) == 1:
-            return httpx.Response(200, stream=_ResetAfterFirstChunk())
-        return httpx.Response(200, content=b"complete")
-
-    async with _proxied(handler) as (_, client):
-        r = await client.get("/x")
-    assert (r.status_code, r.content) == (200, b"complete")
-    assert len(calls) == 2
 
 
 @pytest.mark.anyio

@@ -1,0 +1,137 @@
+"""The request head, read once at admission (pure).
+
+``read_head(target, headers, limits)`` walks the raw ASGI header list once and
+returns what every later stage needs (``RequestHead``: declared length,
+chunked, idempotency key, the raw ``X-Priority`` and ``X-Deadline-Ms``
+values), or raises ``HeaderError`` with the status to answer:
+
+* **400** a request target that is not origin-form (does not start with ``/``:
+  ``*``, ``*@host:port/...``, absolute or authority form). Such a target is
+  never forwarded: the upstream URL is built from the configured origin plus
+  this path, and nothing else may supply a host. ``OPTIONS *`` is refused too.
+* **431** more than ``max_headers`` header fields, or more than
+  ``max_header_bytes`` of names and values in total (defaults 100 and 32 KiB:
+  nginx's and Node's orders of magnitude; ``0`` disables a limit).
+* **413** a declared ``Content-Length`` above ``max_body_bytes``, before a byte
+  of the body is read or any budget is reserved.
+* **400** a ``Content-Length`` that is not a number, or several that disagree;
+  ``X-Deadline-Ms`` given more than once with different values (like
+  ``X-Priority``, whose trust rules live in ``classify.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ballast_asgi.core.errors import HeaderError
+
+DEFAULT_MAX_HEADERS = 100
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024
+#: Request bodies (the body stage): replayable size, chunk gap, minimum average rate.
+DEFAULT_REPLAY_MAX_BYTES = 1024 * 1024
+DEFAULT_READ_TIMEOUT_MS = 10_000
+DEFAULT_MIN_RATE_BYTES_PER_S = 1024
+
+_CONTENT_LENGTH = b"content-length"
+_TRANSFER_ENCODING = b"transfer-encoding"
+_IDEMPOTENCY_KEY = b"idempotency-key"
+_PRIORITY = b"x-priority"
+_DEADLINE = b"x-deadline-ms"
+
+
+@dataclass(slots=True, frozen=True)
+class HeadLimits:
+    """Bounds on the request head (0: no bound)."""
+
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    #: Larger declared bodies get 413 at once (None: no bound).
+    max_body_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_headers", "max_header_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True, frozen=True)
+class RequestHead:
+    """The request headers the stages act on."""
+
+    #: Declared ``Content-Length`` (None when absent).
+    content_length: int | None = None
+    #: ``Transfer-Encoding`` present: a body of unknown length follows.
+    chunked: bool = False
+    #: An ``Idempotency-Key`` header was sent (the request may be retried).
+    idempotency_key: bool = False
+    #: The first raw ``X-Priority`` value (None when absent).
+    priority: bytes | None = None
+    #: The raw ``X-Deadline-Ms`` value (None when absent).
+    deadline: bytes | None = None
+
+    @property
+    def has_body(self) -> bool:
+        """Whether a request body may follow."""
+        return self.chunked or bool(self.content_length)
+
+
+NO_HEAD = RequestHead()
+
+
+def check_target(raw_path: bytes | str) -> None:
+    """Refuse a request target that is not origin-form (400)."""
+    if not raw_path or raw_path[0] not in (b"/"[0], "/"):
+        raise HeaderError("request target", "must be origin-form (start with /)")
+
+
+def read_head(headers: Iterable[tuple[bytes, bytes]], limits: HeadLimits) -> RequestHead:
+    """One pass over the raw headers: bounds checked, the interesting values kept."""
+    count = size = 0
+    length: bytes | None = None
+    chunked = idempotent = False
+    deadline: bytes | None = None
+    priority: bytes | None = None
+    for name, value in headers:
+        count += 1
+        size += len(name) + len(value)
+        if name == _CONTENT_LENGTH:
+            length = _same(length, value, "Content-Length")
+        elif name == _TRANSFER_ENCODING:
+            chunked = True
+        elif name == _DEADLINE:
+            deadline = _same(deadline, value, "X-Deadline-Ms")
+        elif name == _PRIORITY and priority is None:
+            priority = value
+        elif name == _IDEMPOTENCY_KEY:
+            idempotent = True
+    _check_size(count, size, limits)
+    return RequestHead(_length(length, limits), chunked, idempotent, priority, deadline)
+
+
+def _same(previous: bytes | None, value: bytes, header: str) -> bytes:
+    if previous is not None and previous.strip() != value.strip():
+        raise HeaderError(header, "appears more than once with different values")
+    return value
+
+
+def _check_size(count: int, size: int, limits: HeadLimits) -> None:
+    if limits.max_headers and count > limits.max_headers:
+        raise HeaderError("headers", f"are too many (at most {limits.max_headers})", 431)
+    if limits.max_header_bytes and size > limits.max_header_bytes:
+        limit = limits.max_header_bytes
+        raise HeaderError("headers", f"are too large (at most {limit} bytes)", 431)
+
+
+def _length(raw: bytes | None, limits: HeadLimits) -> int | None:
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit():
+        raise HeaderError("Content-Length", "must be a non-negative integer")
+    length = int(raw)
+    if limits.max_body_bytes is not None and length > limits.max_body_bytes:
+        raise HeaderError(
+            "Content-Length", f"is larger than the limit of {limits.max_body_bytes} bytes", 413
+        )
+    return length

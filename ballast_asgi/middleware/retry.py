@@ -1,0 +1,234 @@
+"""RetryMiddleware: replace a failed attempt, decided at the response head.
+
+Sits outside ``BreakerMiddleware`` (which holds one breaker ticket per attempt)
+and inside the concurrency stage (one permit covers every attempt). Per request:
+
+1. One attempt only (a plain pass-through) when retries are off, the method is
+   not idempotent (GET HEAD OPTIONS PUT DELETE, or an ``Idempotency-Key``
+   header), or the request has a body the body stage could not buffer
+   (``ctx.body is None``): such a body cannot be replayed.
+2. Otherwise every attempt after the first replays ``ctx.body`` (empty when
+   the request has none). When the attempt's response
+   head arrives, its ``AttemptOutcome`` (recorded by the proxy or app before
+   the head; from the status when nobody did) decides:
+
+   * **commit** (the default): the head and the body stream to the client as
+     they come. Nothing retries or rewrites it after this point; a failure
+     mid-body propagates (the server aborts the connection, the truncation is
+     visible).
+   * **swallow**: the outcome is retryable (``is_retryable``; a status also has
+     to be in ``retry_statuses``), attempts are left, the client is still
+     there, the deadline leaves room for the backoff plus ``min_attempt_ms``,
+     the breaker would admit another attempt and the budget grants a retry.
+     That response is held (up to ``max_buffer_bytes``, counted in the byte
+     budget; beyond it, it is committed after all) and dropped once the
+     attempt ends; after a full-jitter backoff
+     ``uniform(0, min(backoff_max, backoff_base * 2**attempt))`` cut to the
+     deadline, the next attempt runs. If the breaker opened during the backoff,
+     the held response is sent instead.
+
+3. An attempt that raises before any head: when its recorded outcome is
+   retryable it is retried like a swallowed head; otherwise the error
+   propagates. The gateway's own errors (``GATEWAY_ERROR``, nothing recorded)
+   are never retried.
+
+Dry-run admitted requests (``ctx.would_shed``) get one attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from ballast_asgi.config import RetryConfig
+from ballast_asgi.core.capacity import ByteBudget
+from ballast_asgi.core.outcome import AttemptOutcome, is_retryable
+from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.metrics import Metrics
+from ballast_asgi.middleware._asgi import HeldResponse, body_message, replay
+from ballast_asgi.middleware.context import RequestContext, find_context
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+DEFAULT_RETRY_STATUSES = (502, 503, 504)
+
+Sleep = Callable[[float], Awaitable[None]]
+#: Whether the breaker would admit another attempt for this request now.
+AttemptGate = Callable[[RequestContext, float], bool]
+
+
+def _always(ctx: RequestContext, now: float) -> bool:
+    return True
+
+
+class RetryMiddleware:
+    """Retry failed idempotent attempts from a budget, deciding at the response head."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        budget: RetryBudget,
+        metrics: Metrics,
+        config: RetryConfig | None = None,
+        gate: AttemptGate = _always,
+        byte_budget: ByteBudget | None = None,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+        sleep: Sleep = asyncio.sleep,
+        min_attempt_ms: int = 20,
+    ) -> None:
+        cfg = config if config is not None else RetryConfig()
+        if min_attempt_ms < 0:
+            raise ValueError(f"min_attempt_ms must be >= 0, got {min_attempt_ms}")
+        self.app = app
+        self._budget = budget
+        self._metrics = metrics
+        self._gate = gate
+        self._retry_statuses = frozenset(cfg.retry_statuses)
+        self._bytes = byte_budget
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._sleep = sleep
+        enabled = cfg.enabled and cfg.buffer_responses
+        self._max_attempts = cfg.max_attempts if enabled else 1
+        self._hold_bytes = cfg.max_buffer_bytes
+        self._backoff_base_s = cfg.backoff_base_ms / 1000.0
+        self._backoff_max_s = cfg.backoff_max_ms / 1000.0
+        self._min_attempt_s = min_attempt_ms / 1000.0
+        metrics.retry_budget_balance.set_function(lambda: budget.balance(clock()))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ctx = find_context(scope)
+        if ctx is None or not self._replayable(scope, ctx):
+            await self.app(scope, receive, send)
+            return
+        self._budget.record_original(self._clock())
+        await self._attempts(scope, receive, send, ctx)
+
+    def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
+        if self._max_attempts <= 1 or ctx.would_shed:
+            return False
+        if ctx.head.has_body and ctx.body is None:
+            return False
+        return scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key
+
+    async def _attempts(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
+    ) -> None:
+        inner = receive  # the first attempt reads the request as it comes
+        while True:
+            attempt = _Attempt(self, ctx, send)
+            error: Exception | None = None
+            try:
+                await self.app(scope, inner, attempt.send)
+            except Exception as exc:
+                if attempt.passed_on or not attempt.retry_after_raise():
+                    raise
+                error = exc
+            if error is None and attempt.response.committed:
+                return  # kept: passed on to the client (or nothing to pass on)
+            if not await self._backoff(attempt):
+                if error is not None:
+                    raise error
+                await attempt.response.flush()
+                return
+            attempt.response.drop_bytes()
+            ctx.next_attempt()
+            inner = replay([body_message(ctx.body or b"")], receive)
+
+    async def _backoff(self, attempt: _Attempt) -> bool:
+        """Sleep before the next attempt; False when the breaker shut meanwhile."""
+        if attempt.delay_s > 0:
+            await self._sleep(attempt.delay_s)
+        return self._gate(attempt.ctx, self._clock())
+
+    # -- the decision at the head ----------------------------------------------
+    def plan(self, ctx: RequestContext, status: int | None) -> float | None:
+        """The backoff before another attempt, or None to keep this one."""
+        outcome = ctx.outcome
+        if outcome is None or not is_retryable(outcome) or ctx.attempt + 1 >= self._max_attempts:
+            return None
+        if outcome is AttemptOutcome.STATUS_5XX and status not in self._retry_statuses:
+            return None
+        now = self._clock()
+        delay_s = self._delay_s(ctx, now)
+        if delay_s is None or not self._gate(ctx, now):
+            return None
+        if not self._budget.try_acquire_retry(now):
+            self._metrics.count_retry("denied")
+            return None
+        self._metrics.count_retry("attempted")
+        return delay_s
+
+    def _delay_s(self, ctx: RequestContext, now: float) -> float | None:
+        """Full-jitter backoff before the next attempt; None when the deadline is too near."""
+        cap_s = min(self._backoff_max_s, self._backoff_base_s * 2.0**ctx.attempt)
+        delay_s = self._rng.uniform(0.0, cap_s) if cap_s > 0 else 0.0
+        if ctx.deadline is None:
+            return delay_s
+        room_s = ctx.deadline - now - self._min_attempt_s
+        return None if room_s <= 0 else min(delay_s, room_s)
+
+    def hold_bytes(self, n: int) -> bool:
+        """Count ``n`` held response bytes in the byte budget (negative gives back)."""
+        if self._bytes is None:
+            return True
+        if n < 0:
+            self._bytes.release(-n)
+            return True
+        return self._bytes.try_reserve(n)
+
+    def count_head(self, ctx: RequestContext) -> None:
+        """A retry whose head is a success counts as ``succeeded``.
+
+        The outcome was recorded by the producer, or by the breaker stage inside
+        this one from the status, before the head got here.
+        """
+        if ctx.attempt > 0 and ctx.outcome is AttemptOutcome.SUCCESS:
+            self._metrics.count_retry("succeeded")
+
+
+class _Attempt:
+    """One attempt: commits or holds its response at the head."""
+
+    __slots__ = ("_stage", "ctx", "delay_s", "response")
+
+    def __init__(self, stage: RetryMiddleware, ctx: RequestContext, send: Send) -> None:
+        self._stage = stage
+        self.ctx = ctx
+        self.delay_s = 0.0
+        self.response = HeldResponse(
+            send, hold=False, limit_bytes=stage._hold_bytes, on_bytes=stage.hold_bytes
+        )
+
+    @property
+    def passed_on(self) -> bool:
+        """A response head reached the client: nothing may replace this attempt."""
+        return self.response.status is not None and self.response.committed
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and self.response.status is None:
+            status = int(message["status"])
+            self.response.status = status
+            self._stage.count_head(self.ctx)
+            delay_s = self._stage.plan(self.ctx, status)
+            if delay_s is not None:
+                self.delay_s = delay_s
+                self.response.committed = False
+        await self.response.send(message)
+
+    def retry_after_raise(self) -> bool:
+        """An attempt raised: retry it if nothing was sent and its outcome allows."""
+        if self.response.status is not None:
+            return not self.response.committed  # already planned at its head
+        delay_s = self._stage.plan(self.ctx, None)
+        if delay_s is None:
+            return False
+        self.delay_s = delay_s
+        return True

@@ -20,6 +20,7 @@ from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
+from ballast_asgi.middleware.context import get_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
 
@@ -42,12 +43,15 @@ class Workers:
         self.served = Counter[str]()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = asyncio.get_running_loop().time()
         async with self.pool:
             self.busy += 1
             self.max_busy = max(self.max_busy, self.busy)
             await asyncio.sleep(SERVICE_S)  # simulated service time
             self.busy -= 1
         self.served[scope["path"]] += 1
+        # Record the attempt as the proxy does (the limiter's RTT sample).
+        get_context(scope).record_status(200, asyncio.get_running_loop().time() - started)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 

@@ -7,7 +7,9 @@ limiter signal of the last attempt's recorded ``AttemptOutcome``
 (``limiter_signal``: success samples the attempt's time to the response head,
 upstream failures are drops) and IGNORED when no upstream attempt was recorded
 (shed downstream, the client left first, the gateway's own error): only
-upstream outcomes feed the limiter.
+upstream outcomes feed the limiter. Something inside must record them: the
+proxy, ``BreakerMiddleware`` (from the status) or, in an app,
+``HandlerMiddleware`` as the innermost stage (``build_stack`` always has one).
 
 Dry-run (``responder.dry_run``): a request over the limit is counted in
 ``ballast_dry_run_shed_total`` and runs without a permit, as does one an outer

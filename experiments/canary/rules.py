@@ -1,0 +1,99 @@
+"""The three rules over simulated blocks, vectorised over trials (numpy).
+
+Each function returns, per trial, the second at which the rule rolled the
+canary back (``inf`` when it never did within the run). They implement the
+same arithmetic as the pure judges in ``ballast_asgi/canary/judges.py``;
+``tests/test_canary_sim.py`` checks that both give the same rollback times on
+the same blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+
+from ballast_asgi.canary.evidence import DEFAULT_CAP_NATS, DEFAULT_RATIOS
+from ballast_asgi.canary.judges import ERROR_SHARE
+from experiments.canary.model import Blocks
+
+CHUNK = 40
+
+
+def _share(part: np.ndarray, other: np.ndarray) -> np.ndarray:
+    total = part + other
+    return np.divide(part, total, out=np.zeros(part.shape), where=total > 0)
+
+
+def _crossing(
+    events_c: np.ndarray, events_s: np.ndarray, share: np.ndarray, log_bound: float, cap: float
+) -> np.ndarray:
+    """Seconds (block index + 1) at which the capped mixture first reaches the bound."""
+    ratios = np.asarray(DEFAULT_RATIOS)
+    log_r = np.log(ratios)
+    log_k = math.log(len(ratios))
+    out = np.full(events_c.shape[0], np.inf)
+    for lo in range(0, events_c.shape[0], CHUNK):
+        sl = slice(lo, lo + CHUNK)
+        ec, e, q = events_c[sl], events_c[sl] + events_s[sl], share[sl]
+        live = (e > 0) & (q > 0.0) & (q < 1.0)
+        drag = e[..., None] * np.log1p(q[..., None] * (ratios - 1.0))
+        ll = ec[..., None] * log_r - drag
+        ll = np.minimum(ll, np.maximum(cap, log_r - drag))
+        ll = np.where(live[..., None], ll, 0.0)
+        sums = np.cumsum(ll, axis=1)
+        top = sums.max(axis=2)
+        log_e = top + np.log(np.exp(sums - top[..., None]).sum(axis=2)) - log_k
+        hit = log_e >= log_bound
+        first = hit.argmax(axis=1).astype(float) + 1.0
+        out[sl] = np.where(hit.any(axis=1), first, np.inf)
+    return out
+
+
+def sequential(
+    b: Blocks, alpha: float, error_share: float = ERROR_SHARE, cap: float = DEFAULT_CAP_NATS
+) -> np.ndarray:
+    """Our rule: errors at ``alpha * error_share``, slow requests at the rest; first to cross."""
+    err = _crossing(
+        b.errors_c, b.errors_s, _share(b.requests_c, b.requests_s),
+        -math.log(alpha * error_share), cap,
+    )  # fmt: skip
+    lat = _crossing(
+        b.slow_c, b.slow_s, _share(b.timed_c, b.timed_s),
+        -math.log(alpha * (1.0 - error_share)), cap,
+    )  # fmt: skip
+    return np.minimum(err, lat)
+
+
+def fixed_horizon(b: Blocks, alpha: float, horizon_s: int = 600) -> np.ndarray:
+    """One-sided pooled two-proportion z-test on errors after ``horizon_s`` seconds."""
+    h = slice(0, horizon_s)
+    n_c, n_s = b.requests_c[:, h].sum(1), b.requests_s[:, h].sum(1)
+    e_c, e_s = b.errors_c[:, h].sum(1), b.errors_s[:, h].sum(1)
+    pooled = (e_c + e_s) / np.maximum(n_c + n_s, 1)
+    var = pooled * (1 - pooled) * (1 / np.maximum(n_c, 1) + 1 / np.maximum(n_s, 1))
+    diff = e_c / np.maximum(n_c, 1) - e_s / np.maximum(n_s, 1)
+    z = np.divide(diff, np.sqrt(var), out=np.zeros(diff.shape), where=var > 0)
+    z = np.where((n_c > 0) & (n_s > 0), z, 0.0)
+    reject = z >= NormalDist().inv_cdf(1 - alpha)
+    return np.where(reject & (b.requests_c.shape[1] >= horizon_s), float(horizon_s), np.inf)
+
+
+def threshold(
+    b: Blocks, window_s: int = 60, min_success: float = 0.99, max_failed: int = 5
+) -> np.ndarray:
+    """Flagger-like: failed 60 s checks of the canary's success rate; 5 roll back."""
+    trials, seconds = b.requests_c.shape
+    windows = seconds // window_s
+    shape = (trials, windows, window_s)
+    n = b.requests_c[:, : windows * window_s].reshape(shape).sum(2)
+    e = b.errors_c[:, : windows * window_s].reshape(shape).sum(2)
+    success = 1.0 - e / np.maximum(n, 1)
+    failed = (n > 0) & (success < min_success)
+    hit = np.cumsum(failed, axis=1) >= max_failed
+    first = (hit.argmax(axis=1) + 1.0) * window_s
+    return np.where(hit.any(axis=1), first, np.inf)
+
+
+RULE_FUNCS = {"sequential": sequential, "fixed_horizon": fixed_horizon, "threshold": threshold}

@@ -1,0 +1,153 @@
+"""The canary judges: the e-process's arithmetic and validity, and the two baselines."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ballast_asgi.canary.blocks import Block
+from ballast_asgi.canary.evidence import (
+    MixtureEProcess,
+    block_log_ratio,
+    capped_log_ratio,
+    log_sum_exp,
+)
+from ballast_asgi.canary.judges import (
+    FixedHorizonJudge,
+    SequentialJudge,
+    ThresholdJudge,
+    make_judge,
+    two_proportion_z,
+)
+
+
+def _block(t: int, **counts: int) -> Block:
+    return Block(float(t), float(t + 1), **counts)
+
+
+@given(st.integers(0, 50), st.integers(0, 500), st.floats(0.001, 0.999), st.floats(1.01, 500.0))
+def test_capped_block_never_exceeds_the_likelihood_ratio(
+    events_c: int, events_s: int, share: float, ratio: float
+) -> None:
+    """What a block adds is at most its true log likelihood ratio (the validity argument)."""
+    e = events_c + events_s
+    assert (
+        capped_log_ratio(events_c, e, share, ratio, 0.6)
+        <= block_log_ratio(events_c, e, share, ratio) + 1e-12
+    )
+
+
+@given(st.integers(1, 40), st.floats(0.01, 0.9), st.floats(1.01, 300.0))
+def test_block_ratio_has_expectation_one_under_the_null(e: int, q: float, r: float) -> None:
+    """Averaged over Binomial(e, q) canary events, the block's likelihood ratio is exactly 1."""
+    total = sum(
+        math.comb(e, k) * q**k * (1 - q) ** (e - k) * math.exp(block_log_ratio(k, e, q, r))
+        for k in range(e + 1)
+    )
+    assert math.isclose(total, 1.0, rel_tol=1e-9)
+
+
+def test_log_sum_exp_is_stable_for_large_values() -> None:
+    """log-sum-exp of huge values does not overflow."""
+    assert math.isclose(log_sum_exp([1000.0, 1000.0]), 1000.0 + math.log(2))
+
+
+def test_no_events_or_one_sided_traffic_adds_nothing() -> None:
+    """Blocks without events, or with traffic on one side only, leave the e-value at 1."""
+    proc = MixtureEProcess()
+    proc.update(0, 0, 0.1)
+    proc.update(3, 0, 1.0)
+    proc.update(0, 3, 0.0)
+    assert proc.log_e == 0.0 and proc.blocks == 0
+
+
+def test_a_shared_outage_is_not_evidence() -> None:
+    """Half of everything failing on both sides, in proportion to traffic, lowers the e-value."""
+    judge = SequentialJudge(alpha=0.01)
+    for t in range(30):
+        block = _block(t, requests_c=100, requests_s=900, errors_c=50, errors_s=450)
+        assert judge.update(block) is None
+    assert judge.errors.log_e < 0.0
+
+
+def test_a_bad_canary_is_rolled_back_on_errors_with_evidence() -> None:
+    """30 % canary errors against 1 % stable: an errors verdict within seconds, with counts."""
+    judge = SequentialJudge(alpha=0.01)
+    verdict = None
+    t = 0
+    while verdict is None:
+        verdict = judge.update(_block(t, requests_c=10, requests_s=90, errors_c=3, errors_s=1))
+        t += 1
+    assert verdict.reason == "errors" and t <= 15
+    assert verdict.evidence["counts"]["canary"]["errors"] == 3 * t
+    assert verdict.evidence["errors"]["log_e_value"] >= verdict.evidence["errors"]["log_bound"]
+
+
+def test_sparse_errors_against_a_zero_baseline_are_caught() -> None:
+    """A canary error every other second, none on stable: a regression (Kayenta misses it)."""
+    judge = SequentialJudge(alpha=0.01)
+    verdicts = [
+        judge.update(_block(t, requests_c=20, requests_s=180, errors_c=t % 2)) for t in range(120)
+    ]
+    assert any(v is not None and v.reason == "errors" for v in verdicts)
+
+
+def test_a_slow_canary_is_rolled_back_on_latency() -> None:
+    """A canary with a third of its requests over the stable p99 goes on latency."""
+    judge = SequentialJudge(alpha=0.01)
+    verdict = None
+    for t in range(60):
+        block = _block(t, requests_c=10, requests_s=90, timed_c=10, timed_s=90, slow_c=3, slow_s=1)
+        verdict = verdict or judge.update(block)
+    assert verdict is not None and verdict.reason == "latency"
+
+
+def test_low_traffic_waits() -> None:
+    """No canary traffic for an hour: no verdict, no evidence."""
+    judge = SequentialJudge()
+    for t in range(3600):
+        assert judge.update(_block(t, requests_s=5, errors_s=1)) is None
+    assert judge.errors.log_e == 0.0
+
+
+def test_fixed_horizon_decides_once_at_the_horizon() -> None:
+    """The z-test waits for its horizon, then rolls back a canary with 5 % vs 1 % errors."""
+    judge = FixedHorizonJudge(alpha=0.01, horizon_s=60)
+    results = [
+        judge.update(_block(t, requests_c=20, requests_s=180, errors_c=1, errors_s=2))
+        for t in range(70)
+    ]
+    assert all(r is None for r in results[:59]) and results[59] is not None
+    assert all(r is None for r in results[60:])
+
+
+def test_two_proportion_z_matches_a_hand_computation() -> None:
+    """z for 10/100 vs 5/100 is 0.05 / sqrt(0.075 * 0.925 * 0.02)."""
+    expected = 0.05 / math.sqrt(0.075 * 0.925 * 0.02)
+    assert math.isclose(two_proportion_z(10, 100, 5, 100), expected)
+    assert two_proportion_z(0, 0, 1, 10) == 0.0
+
+
+def test_threshold_rolls_back_after_five_failed_checks() -> None:
+    """Flagger-like: 2 % errors fail every 60 s check; the fifth failed check rolls back."""
+    judge = ThresholdJudge()
+    verdict, t = None, 0
+    while verdict is None:
+        verdict = judge.update(_block(t, requests_c=50, errors_c=1))
+        t += 1
+    assert t == 300 and judge.failed_checks == 5
+
+
+def test_make_judge_names_the_rules() -> None:
+    """Each rule name builds its judge; an unknown one is refused by name."""
+    assert {make_judge(n).name for n in ("sequential", "fixed_horizon", "threshold")} == {
+        "sequential", "fixed_horizon", "threshold"
+    }  # fmt: skip
+    try:
+        make_judge("vibes")
+    except ValueError as exc:
+        assert "vibes" in str(exc)
+    else:
+        raise AssertionError("unknown rule accepted")

@@ -1,0 +1,80 @@
+"""``python -m experiments.canary``: the canary experiment in one command.
+
+    python -m experiments.canary            # simulation (300 trials) + live run, docs/canary.md
+    python -m experiments.canary --trials 50 --no-live   # a quick look, writes runs/ only
+
+The simulation is pure and seeded (two worker processes); the live run
+starts two simulators and the gateway on loopback (``live.py``).
+Raw results go to ``runs/canary-<time>/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from experiments.canary import report, sim
+from experiments.canary.model import NONE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(args: tuple[Any, Any, int, int]) -> list[sim.Result]:
+    cell, reg, trials, seed = args
+    return sim.run_cell(cell, reg, trials, seed)
+
+
+def simulate_all(trials: int, seed: int, workers: int) -> list[sim.Result]:
+    """Every cell of both grids, spread over ``workers`` processes."""
+    jobs = [(c, NONE, trials, seed) for c in sim.h0_cells()]
+    jobs += [(c, r, trials, seed) for c, r in sim.h1_cells()]
+    results: list[sim.Result] = []
+    with ProcessPoolExecutor(workers) as pool:
+        for i, out in enumerate(pool.map(_job, jobs)):
+            results.extend(out)
+            print(f"\rsimulation: cell {i + 1}/{len(jobs)}", end="", flush=True)
+    print()
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the simulation (and the live run), write the raw results and the report."""
+    p = argparse.ArgumentParser(prog="python -m experiments.canary")
+    p.add_argument("--trials", type=int, default=300)
+    p.add_argument("--seed", type=int, default=20261201)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no-live", action="store_true", help="skip the live gateway run")
+    p.add_argument("--live-seconds", type=float, default=60.0)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "canary.md")
+    args = p.parse_args(argv)
+    out = args.out or ROOT / "runs" / time.strftime("canary-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = simulate_all(args.trials, args.seed, args.workers)
+    sim_s = time.monotonic() - started
+    live: dict[str, Any] | None = None
+    if not args.no_live:
+        from experiments.canary import live as live_run
+
+        live = live_run.run_all(args.live_seconds)
+    doc = {"trials": args.trials, "seed": args.seed, "simulation_s": sim_s, "live": live,
+           "results": [r.as_dict() for r in results]}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    text = report.render(results, live, trials=args.trials, seed=args.seed, sim_s=sim_s)
+    (out / "canary.md").write_text(text)
+    if args.trials >= 300 and live is not None:
+        args.docs.write_text(text)
+        print(f"wrote {args.docs}")
+    print(report.summary(results))
+    print(f"raw results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Markdown tables from the simulation's results (and the targets, met or missed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from experiments.canary.model import REGRESSIONS
+from experiments.canary.sim import BASE_ERRORS, MODELS, RPS, RULES, SHARES, Result
+
+RULE_NAMES = {"sequential": "sequential (ours)", "fixed_horizon": "fixed horizon, 10 min z-test",
+              "threshold": "threshold (Flagger-like)"}  # fmt: skip
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _cell(r: Result) -> str:
+    c = r.cell
+    outage = ", outage" if c.outage else ""
+    return f"{c.rps} rps, {100 * c.share:g} % share, {100 * c.base_error:g} % base{outage}"
+
+
+def false_rollbacks(results: Iterable[Result]) -> str:
+    """Range over the 48 cells and the worst cell, per rule and error model."""
+    rows = ["| rule | error model | false rollbacks, range over 48 cells | worst cell |",
+            "| --- | --- | --- | --- |"]  # fmt: skip
+    h0 = [r for r in results if r.regression == "none"]
+    for rule in RULES:
+        for model in MODELS:
+            mine = [r for r in h0 if r.rule == rule and r.cell.model == model]
+            worst = max(mine, key=lambda r: r.rate)
+            lo = min(r.rate for r in mine)
+            rows.append(f"| {RULE_NAMES[rule]} | {model} | {_pct(lo)} - {_pct(worst.rate)} | "
+                        f"{_cell(worst)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def false_rollbacks_by_cell(results: Iterable[Result], rule: str) -> str:
+    """Every cell for one rule: independent / bursty, without / with the outage."""
+    h0 = {(r.cell.rps, r.cell.share, r.cell.base_error, r.cell.outage, r.cell.model): r.rate
+          for r in results if r.regression == "none" and r.rule == rule}  # fmt: skip
+    rows = ["| rps | share | base error | independent | + outage | bursty | bursty + outage |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for rps in RPS:
+        for share in SHARES:
+            for base in BASE_ERRORS:
+                vals = [h0[(rps, share, base, o, m)] for m in MODELS for o in (False, True)]
+                rows.append(f"| {rps} | {100 * share:g} % | {100 * base:g} % | "
+                            + " | ".join(_pct(v) for v in vals) + " |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def _speed(r: Result) -> str:
+    med = "-" if not math.isfinite(r.median_s) else f"{r.median_s:.0f} s"
+    return f"{med} ({100 * r.rate:.0f} %)"
+
+
+def detection(results: Iterable[Result], base: float) -> str:
+    """Median seconds to rollback (share caught in 30 min) per regression and rule, at one base."""
+    h1 = {(r.regression, r.rule, r.cell.rps, r.cell.share): r for r in results
+          if r.regression != "none" and r.cell.base_error == base}  # fmt: skip
+    cols = [(rps, s) for rps in RPS for s in SHARES]
+    head = " | ".join(f"{rps} rps, {100 * s:g} %" for rps, s in cols)
+    rows = [f"| regression | rule | {head} |", "| --- | --- |" + " --- |" * len(cols)]
+    for reg in REGRESSIONS:
+        for rule in RULES:
+            cells = " | ".join(_speed(h1[(reg.name, rule, rps, s)]) for rps, s in cols)
+            rows.append(f"| {reg.name} | {RULE_NAMES[rule]} | {cells} |")
+    return "\n".join(rows)
+
+
+def targets(results: list[Result]) -> tuple[str, bool]:
+    """The issue's targets, each with the measured value and met / missed."""
+    seq = [r for r in results if r.rule == "sequential"]
+    h0_worst = max(r.rate for r in seq if r.regression == "none")
+    pp5 = [r for r in seq if r.regression == "+5 pp errors"]
+    worst_low = max(r.median_s for r in pp5 if r.cell.rps == 200 and r.cell.share == 0.01)
+    worst_high = max(r.median_s for r in pp5 if r.cell.rps == 2000)
+    checks = [
+        ("false rollbacks <= 1 % in every cell (bursty included)", _pct(h0_worst),
+         h0_worst <= 0.01),
+        ("+5 pp detected in a median <= 90 s, worst cell (200 rps, 1 % share, any base)",
+         f"{worst_low:.0f} s", worst_low <= 90),
+        ("+5 pp detected in a median <= 10 s at 2,000 rps (worst share and base)",
+         f"{worst_high:.0f} s", worst_high <= 10),
+    ]  # fmt: skip
+    rows = ["| target | measured | |", "| --- | --- | --- |"]
+    rows += [f"| {name} | {value} | {'met' if ok else 'missed'} |" for name, value, ok in checks]
+    return "\n".join(rows), all(ok for *_, ok in checks)
+
+
+def pp5_by_base(results: Iterable[Result]) -> str:
+    """+5 pp detection for ours at every base error (the targets' detail)."""
+    pp5 = {(r.cell.rps, r.cell.share, r.cell.base_error): r for r in results
+           if r.rule == "sequential" and r.regression == "+5 pp errors"}  # fmt: skip
+    cols = [(rps, s) for rps in RPS for s in SHARES]
+    head = " | ".join(f"{rps} rps, {100 * s:g} %" for rps, s in cols)
+    rows = [f"| base error | {head} |", "| --- |" + " --- |" * len(cols)]
+    for base in BASE_ERRORS:
+        cells = " | ".join(_speed(pp5[(rps, s, base)]) for rps, s in cols)
+        rows.append(f"| {100 * base:g} % | {cells} |")
+    return "\n".join(rows)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -36,6 +36,7 @@ TokenFn = Callable[[], str | None]
 FlagFn = Callable[[], bool]
 #: Health hook: (status, JSON body); 503 ``draining`` during a graceful shutdown.
 HealthFn = Callable[[], tuple[int, dict[str, Any]]]
+Route = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: Paths served without the token even when ``protect`` is on (load-balancer probes).
 _OPEN = frozenset({"/health", "/dashboard", ""})
 
@@ -55,6 +56,7 @@ class AdminRouter:
         protect: FlagFn = lambda: False,
         enabled: FlagFn = lambda: True,
         health: HealthFn = lambda: (200, {"status": "ok"}),
+        routes: Mapping[str, Route] | None = None,
     ) -> None:
         if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
             raise ValueError(f"admin prefix must start and not end with '/', got {prefix!r}")
@@ -76,6 +78,8 @@ class AdminRouter:
         }
         if not prefix:  # the admin port: the dashboard at its root too
             self._routes["/"] = self._dashboard
+        #: More routes by name under the prefix (e.g. ``/canary``), from other capabilities.
+        self._routes.update({f"{prefix}{name}": route for name, route in (routes or {}).items()})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -37,7 +37,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from ballast_asgi.access_log import AccessLog
-from ballast_asgi.admin import AdminRouter
+from ballast_asgi.admin import AdminRouter, Route
+from ballast_asgi.canary.asgi import CanaryAdmin, CanaryMiddleware, attach_canary
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.core.classify import Classifier
@@ -108,6 +109,9 @@ class Gateway:
         self.proxy: ASGIApp = self.pool.app if self.pool is not None else self.proxy_app
         if self.pool is not None:
             self.pool.attach(self.parts)
+        self.canary = attach_canary(
+            self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng
+        )
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
         self.loaded_at = time.time()
@@ -131,8 +135,11 @@ class Gateway:
         self._app = self._compose(config)
 
     def _compose(self, config: GatewayConfig) -> ASGIApp:
+        terminal: ASGIApp = self.proxy
+        if self.canary is not None:
+            terminal = CanaryMiddleware(self.proxy, self.canary.selector)
         logged = config.access_log.enabled
-        inner = AccessLog.inner(self.proxy) if logged else self.proxy
+        inner = AccessLog.inner(terminal) if logged else terminal
         stack = build_stack(inner, self.parts, config, retries=True)
         if self.discovery is not None:  # lifespan starts it; 503 until a first version
             stack = self.discovery.wrap(stack)
@@ -161,11 +168,16 @@ class Gateway:
             protect=lambda: self.config.admin.token_required,
             enabled=enabled,
             health=self.health,
+            routes=self._canary_routes(),
         )
 
     def set_worker(self, index: int, of: int) -> None:
         """Mark this gateway as worker ``index`` of ``of`` (its config already scaled)."""
         self.worker = {"index": index, "of": of, "pid": os.getpid()} if of > 1 else None
+
+    def _canary_routes(self) -> dict[str, Route]:
+        """``/canary`` and its actions (``state: none`` without a canary)."""
+        return CanaryAdmin(self.canary, token=lambda: self.config.admin.token).routes()
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """200 ``ok``, or 503 ``draining`` once a graceful shutdown began."""
@@ -265,6 +277,7 @@ class Gateway:
         if self.discovery is not None:  # the applied config version (docs/discovery.md)
             doc["config_version"] = self.discovery.config_version
             doc["discovery"] = self.discovery.snapshot()
+        doc["canary"] = {"state": "none"} if self.canary is None else self.canary.snapshot()
         return doc
 
     async def reload(self) -> tuple[bool, str]:
@@ -277,6 +290,8 @@ class Gateway:
             _check_reloadable(self.config, new, pooled=self.pool is not None)
             if new.discovery != self.config.discovery:
                 raise ConfigError("discovery.* changes need a restart; nothing applied")
+            if new.canary != self.config.canary:
+                raise ConfigError("canary.* changes need a restart; nothing applied")
         except ConfigError as exc:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))

@@ -151,3 +151,18 @@ def test_make_judge_names_the_rules() -> None:
         assert "vibes" in str(exc)
     else:
         raise AssertionError("unknown rule accepted")
+
+
+def test_canary_cores_import_nothing_heavy() -> None:
+    """The canary's pure cores load in a fresh interpreter without any adapter library."""
+    import subprocess
+    import sys
+
+    mods = [f"ballast_asgi.canary.{m}" for m in ("evidence", "blocks", "judges", "rollout", "split")]
+    heavy = ("starlette", "httpx", "aiohttp", "prometheus_client", "pydantic", "uvicorn", "anyio")
+    code = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {mods!r}]; "
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

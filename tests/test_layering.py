@@ -18,6 +18,7 @@ CORES = [
     "ballast_tools/loadgen/schedule.py",
     "ballast_tools/units.py",
     "ballast_tools/hist.py",
+    *(f"ballast_asgi/canary/{m}.py" for m in ("evidence", "blocks", "judges", "rollout", "split")),
 ]
 
 

@@ -532,6 +532,56 @@ def _upstream_kind(v: Any) -> str:
     return UPSTREAM_URL_TAG if isinstance(v, str) else UPSTREAM_LIST_TAG
 
 
+class CanaryRampConfig(_Frozen):
+    """Ramp steps for the canary's weight (empty: stay at ``canary.weight``)."""
+
+    #: Increasing weights, e.g. [0.01, 0.05, 0.25, 0.5]; after the last step passes: promoted.
+    steps: tuple[float, ...] = ()
+    #: A step passes after this long...
+    step_ms: int = Field(60_000, ge=1_000, le=86_400_000)
+    #: ...and this many canary requests in it (low traffic waits).
+    min_requests: int = Field(100, ge=0, le=10_000_000)
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0.0 < w <= 1.0 for w in v):
+            raise ValueError("every step must be a weight in (0, 1]")
+        if list(v) != sorted(v):
+            raise ValueError("steps must not decrease")
+        return v
+
+
+class CanaryConfig(_Frozen):
+    """A canary version beside the stable upstream, judged by a statistical rule."""
+
+    #: The new version's URL; None: no canary.
+    upstream: str | None = None
+    #: Share of traffic the canary gets (without ramp steps).
+    weight: float = Field(0.1, ge=0.0, le=1.0)
+    rule: Literal["sequential", "fixed_horizon", "threshold"] = "sequential"
+    #: False-rollback probability the rule allows (split 2/3 errors, 1/3 latency).
+    alpha: float = Field(0.01, gt=0.0, le=0.2)
+    #: Keep one user on one version by this header's or cookie's value (else X-Request-Id).
+    sticky_header: str | None = None
+    sticky_cookie: str | None = None
+    #: Slow = over this quantile of the stable version's recent latency.
+    latency_quantile: float = Field(0.99, ge=0.5, lt=1.0)
+    #: The fixed_horizon rule's test time.
+    horizon_ms: int = Field(600_000, ge=1_000, le=86_400_000)
+    ramp: CanaryRampConfig = CanaryRampConfig()
+
+    @field_validator("upstream")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9201")
+        return v.rstrip("/")
+
+
 class GatewayConfig(_Frozen):
     """The whole stack."""
 
@@ -578,6 +628,8 @@ class GatewayConfig(_Frozen):
                 raise ValueError(f"must list 1..{MAX_INSTANCES} instances, got {len(v)}")
             return tuple({"url": u} if isinstance(u, str) else u for u in v)
         return v
+
+    canary: CanaryConfig = CanaryConfig()
 
     @field_validator("upstream")
     @classmethod

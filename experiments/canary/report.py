@@ -41,7 +41,8 @@ not checks). Both look at errors only. alpha = 0.01 for every rule.
 
 ## The simulated conditions
 
-1 s blocks, 30 minutes per trial, Poisson arrivals at 200 or 2,000 rps, the
+1 s blocks; an identical canary runs 10 minutes per trial, a regressed one
+30 minutes. Poisson arrivals at 200 or 2,000 rps, the
 canary's share 1, 5 or 25 %, base error 0.1, 0.5, 1 or 2 %. *Outage*: 30 s
 at a random time in the first 10 minutes in which half of all requests fail
 on both versions. *Bursty*: each instance (4 stable, 1 canary) is ON 5 % of
@@ -63,7 +64,7 @@ def render(
         HEAD.format(trials=trials, seed=seed, sim_s=sim_s, machine=machine),
         "## Targets\n\n" + target_rows,
         "## How often a good version gets rolled back\n\n"
-        "Identical canary, 30 minutes; share of trials rolled back.\n\n"
+        "Identical canary, 10 minutes; share of trials rolled back.\n\n"
         + tables.false_rollbacks(results),
         "Every cell, sequential rule:\n\n" + tables.false_rollbacks_by_cell(results, "sequential"),
         "## How fast a bad version goes, and how often it is caught\n\n"

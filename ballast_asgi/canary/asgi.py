@@ -1,0 +1,197 @@
+"""The canary at the ASGI edge: the runtime, the response header and the admin routes.
+
+``CanaryRuntime`` builds the pieces from ``CanaryConfig`` around the stable
+selector. ``CanaryMiddleware`` sits right outside the proxy: it gives each
+attempt an ``Assignment`` (the sticky key) through a context variable and
+adds ``X-Ballast-Version: stable|canary`` to the response head of the
+version that served it. ``CanaryAdmin`` gives the ``AdminRouter`` its routes
+(so ``admin.on_traffic_port`` and ``admin.token_required`` apply):
+``GET {prefix}/canary`` (always; ``state: none`` without a canary) and
+``POST {prefix}/canary/promote`` and ``.../rollback`` behind the admin bearer
+token (404 while no token is configured, like reload; 401 for a wrong one).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ballast_asgi.admin import Route, _allow, _authorized
+from ballast_asgi.canary.blocks import LatencyBaseline, Version
+from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
+from ballast_asgi.canary.rollout import RampPlan, Rollout, State
+from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
+from ballast_asgi.canary.split import Split
+from ballast_asgi.config.models import CanaryConfig
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.metrics import LATENCY_BUCKETS
+from ballast_asgi.middleware.responses import send_json
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
+
+TokenFn = Callable[[], "str | None"]
+_HEADER = b"x-ballast-version"
+
+
+class CanaryRuntime:
+    """One configured canary: rollout, split, selector and per-version metrics."""
+
+    def __init__(
+        self,
+        config: CanaryConfig,
+        stable: Selector,
+        *,
+        registry: CollectorRegistry,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if config.upstream is None:
+            raise ValueError("canary.upstream is required for a canary")
+        self.config = config
+        self.clock = clock
+        judge = make_judge(config.rule, alpha=config.alpha, horizon_s=config.horizon_ms / 1000)
+        plan = RampPlan(config.ramp.steps, config.ramp.step_ms / 1000, config.ramp.min_requests)
+        baseline = LatencyBaseline(quantile=config.latency_quantile)
+        self.rollout = Rollout(judge, now=clock(), weight=config.weight, plan=plan,
+                               baseline=baseline)  # fmt: skip
+        split = Split(sticky_header=config.sticky_header, sticky_cookie=config.sticky_cookie,
+                      rng=rng)  # fmt: skip
+        canary = SingleUpstream(Upstream.parse(config.upstream))
+        self.selector = CanarySelector(stable, canary, self.rollout, split, clock=clock,
+                                       on_record=self._count)  # fmt: skip
+        self._metrics(registry)
+
+    def _metrics(self, r: CollectorRegistry) -> None:
+        self.requests = Counter("ballast_canary_requests", "Attempts the canary judge counted.",
+                                ["version", "result"], registry=r)  # fmt: skip
+        self.latency = Histogram("ballast_canary_latency_seconds", "Time to response head.",
+                                 ["version"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        Gauge("ballast_canary_weight", "Canary share of new requests.",
+              registry=r).set_function(lambda: self.rollout.weight)  # fmt: skip
+        state = Gauge("ballast_canary_state", "1 for the canary's current state.", ["state"],
+                      registry=r)  # fmt: skip
+        for s in State:
+            state.labels(s.value).set_function(self._is_state(s))
+        judge = self.rollout.judge
+        if isinstance(judge, SequentialJudge):
+            e = Gauge("ballast_canary_log_e_value", "The sequential judge's log e-value.",
+                      ["metric"], registry=r)  # fmt: skip
+            e.labels("errors").set_function(lambda: judge.errors.log_e)
+            e.labels("latency").set_function(lambda: judge.latency.log_e)
+
+    def _is_state(self, state: State) -> Callable[[], float]:
+        return lambda: float(self.rollout.state is state)
+
+    def _count(self, version: Version, failed: bool, latency_s: float | None) -> None:
+        self.requests.labels(version.value, "error" if failed else "ok").inc()
+        if latency_s is not None:
+            self.latency.labels(version.value).observe(latency_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``GET /_ballast/canary``: state, weight, counts, statistic, decision."""
+        now = self.clock()
+        self.rollout.tick(now)
+        doc = self.rollout.snapshot(now)
+        doc["upstream"] = self.selector.canary.upstreams()[0].display
+        judge = self.rollout.judge
+        if isinstance(judge, FixedHorizonJudge):
+            doc["horizon_s"] = judge.horizon_s
+        return doc
+
+
+class CanaryMiddleware:
+    """Gives each attempt its sticky key and labels the response with the version."""
+
+    def __init__(self, app: ASGIApp, selector: CanarySelector) -> None:
+        self.app = app
+        self.selector = selector
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        assignment = self.selector.assign(scope["headers"])
+        token = ASSIGNMENT.set(assignment)
+
+        async def labelled(message: Message) -> None:
+            if message["type"] == "http.response.start" and assignment.version is not None:
+                value = self.selector.label(assignment.version).encode()
+                headers = [*message.get("headers", ()), (_HEADER, value)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, labelled)
+        finally:
+            ASSIGNMENT.reset(token)
+
+
+class CanaryAdmin:
+    """The admin routes: ``/canary`` (GET) and ``/canary/{promote,rollback}`` (POST, token)."""
+
+    def __init__(self, runtime: CanaryRuntime | None, *, token: TokenFn) -> None:
+        self.runtime = runtime
+        self._token = token
+
+    def routes(self) -> dict[str, Route]:
+        """Route names under the admin prefix, for ``AdminRouter(routes=...)``."""
+        return {"/canary": self._show, "/canary/promote": self._promote,
+                "/canary/rollback": self._rollback}  # fmt: skip
+
+    async def _show(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await _allow(scope, send, ("GET", "HEAD")):
+            await send_json(send, 200, self._doc())
+
+    async def _promote(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._act(scope, send, "promote")
+
+    async def _rollback(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._act(scope, send, "rollback")
+
+    def _doc(self) -> dict[str, Any]:
+        if self.runtime is None:
+            return {"state": State.NONE.value, "weight": 0.0}
+        return self.runtime.snapshot()
+
+    async def _act(self, scope: Scope, send: Send, action: str) -> None:
+        token = self._token()
+        if not token:
+            message = "canary actions are disabled: no admin token"
+            await send_json(send, 404, {"error": "not_found", "message": message})
+            return
+        if not await _allow(scope, send, ("POST",)):
+            return
+        if not _authorized(scope, token):
+            await send_json(send, 401, {"error": "unauthorized", "message": "bad admin token"})
+            return
+        if self.runtime is None:
+            await send_json(send, 409, {"error": "no_canary", "message": "no canary configured"})
+            return
+        rollout, now = self.runtime.rollout, self.runtime.clock()
+        if rollout.state is not State.RUNNING:
+            await send_json(send, 409, {"error": "already_decided", **self._doc()})
+            return
+        _ = rollout.promote(now) if action == "promote" else rollout.rollback(now)
+        await send_json(send, 200, self._doc())
+
+
+def attach_canary(
+    proxy: Any,
+    config: CanaryConfig,
+    *,
+    registry: CollectorRegistry,
+    clock: Clock = time.monotonic,
+    rng: random.Random | None = None,
+) -> CanaryRuntime | None:
+    """Wrap ``proxy.selector`` (stable: one upstream or a pool) in the canary split, if any."""
+    if config.upstream is None:
+        return None
+    runtime = CanaryRuntime(config, proxy.selector, registry=registry, clock=clock, rng=rng)
+    proxy.selector = runtime.selector
+    return runtime
+
+
+__all__ = ["CanaryAdmin", "CanaryMiddleware", "CanaryRuntime", "attach_canary"]

@@ -1,0 +1,136 @@
+"""The canary split on the proxy's selector seam.
+
+``CanarySelector`` wraps the stable selector (one upstream or a pool) and the
+canary's. For each attempt, ``choose`` asks the split which version the
+request belongs to *at the current weight* (so a request still queued when
+the canary is rolled back goes to stable), remembers the version in the
+request's ``Assignment`` (set by ``CanaryMiddleware`` in a context variable:
+the proxy runs in the request's task) and delegates to that version's
+selector. ``report`` hands the attempt's outcome to the chosen selector and
+counts it for the judge: 5xx, timeouts, connect and protocol errors are
+errors; a success's time to the response head is its latency; deadline
+misses, clients gone and the gateway's own refusals count for neither.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ballast_asgi.canary.blocks import Version
+from ballast_asgi.canary.rollout import Rollout, State
+from ballast_asgi.canary.split import Split
+from ballast_asgi.core.outcome import AttemptOutcome
+from ballast_asgi.core.types import Clock, RawHeaders
+from ballast_asgi.proxy.upstream import Selector, Upstream
+
+_FAILED = frozenset(
+    {
+        AttemptOutcome.STATUS_5XX,
+        AttemptOutcome.TIMEOUT,
+        AttemptOutcome.CONNECT_ERROR,
+        AttemptOutcome.PROTOCOL_ERROR,
+    }
+)
+
+
+#: Called for every attempt the judge counted: (version, failed, latency_s).
+RecordHook = Callable[[Version, bool, "float | None"], None]
+
+
+@dataclass(slots=True)
+class Assignment:
+    """One request's sticky key and the version its latest attempt went to."""
+
+    key: bytes | None
+    version: Version | None = None
+
+
+ASSIGNMENT: contextvars.ContextVar[Assignment | None] = contextvars.ContextVar(
+    "ballast_canary_assignment", default=None
+)
+
+
+class CanarySelector:
+    """Stable or canary per request, at the rollout's weight; outcomes feed the judge."""
+
+    def __init__(
+        self,
+        stable: Selector,
+        canary: Selector,
+        rollout: Rollout,
+        split: Split,
+        *,
+        clock: Clock = time.monotonic,
+        on_record: RecordHook | None = None,
+    ) -> None:
+        self.stable = stable
+        self.canary = canary
+        self.rollout = rollout
+        self.split = split
+        self.clock = clock
+        self._on_record = on_record
+
+    def assign(self, headers: RawHeaders) -> Assignment:
+        """A request's assignment (its key; the version is decided per attempt)."""
+        return Assignment(self.split.key(headers))
+
+    def version_for(self, assignment: Assignment | None) -> Version:
+        """The version this attempt goes to at the current weight."""
+        weight = self.rollout.weight
+        if assignment is None:
+            return self.split.choose([], weight)
+        if weight >= 1.0:
+            return Version.CANARY
+        if weight <= 0.0:
+            return Version.STABLE
+        if assignment.version is None or assignment.key is not None:
+            point = self.split.point(assignment.key)
+            return Version.CANARY if point < weight else Version.STABLE
+        return assignment.version  # a keyless retry stays where it was
+
+    def choose(self, ctx: Any, exclude: Collection[Upstream] = ()) -> Upstream:
+        """The chosen version's upstream for this attempt."""
+        assignment = ASSIGNMENT.get()
+        version = self.version_for(assignment)
+        if assignment is not None:
+            assignment.version = version
+        inner = self.canary if version is Version.CANARY else self.stable
+        return inner.choose(ctx, exclude)
+
+    def report(
+        self, upstream: Upstream, outcome: AttemptOutcome, rtt_s: float | None, now: float
+    ) -> None:
+        """Pass the outcome to the version's selector and count it for the judge."""
+        assignment = ASSIGNMENT.get()
+        version = assignment.version if assignment is not None else None
+        if version is None:
+            version = Version.CANARY if upstream in self.canary.upstreams() else Version.STABLE
+        (self.canary if version is Version.CANARY else self.stable).report(
+            upstream, outcome, rtt_s, now
+        )
+        if self.rollout.state is not State.RUNNING:
+            return
+        failed = outcome in _FAILED
+        if not failed and outcome is not AttemptOutcome.SUCCESS:
+            return
+        latency = None if failed else rtt_s
+        self.rollout.record(version, failed, latency, now)
+        if self._on_record is not None:
+            self._on_record(version, failed, latency)
+
+    def label(self, version: Version) -> str:
+        """The ``X-Ballast-Version`` value: after promotion the canary *is* stable."""
+        if self.rollout.state is State.PROMOTED:
+            return Version.STABLE.value
+        return version.value
+
+    def upstreams(self) -> Sequence[Upstream]:
+        """Stable's upstreams first, then the canary's."""
+        return (*self.stable.upstreams(), *self.canary.upstreams())
+
+
+__all__ = ["ASSIGNMENT", "Assignment", "CanarySelector"]

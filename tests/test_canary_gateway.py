@@ -1,0 +1,155 @@
+"""The canary inside the composed gateway, in-process: split, header, rollback, admin, metrics."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ballast_asgi.config import load_config
+from ballast_asgi.gateway import Gateway, build_gateway
+
+pytestmark = pytest.mark.anyio
+TOKEN = "s3cret"
+
+
+class Clock:
+    """A manual monotonic clock: each request moves it by ``step`` seconds."""
+
+    def __init__(self, step: float = 0.05) -> None:
+        self.t = 1000.0
+        self.step = step
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Versions:
+    """Stable (stable.test) answers 200; canary (canary.test) fails ``canary_fail`` of calls."""
+
+    def __init__(self, clock: Clock, canary_fail: int = 0) -> None:
+        self.clock = clock
+        self.canary_fail = canary_fail
+        self.calls = {"stable.test": 0, "canary.test": 0}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        self.calls[host] += 1
+        self.clock.t += self.clock.step
+        if host == "canary.test" and self.canary_fail and self.calls[host] % self.canary_fail == 0:
+            return httpx.Response(500, json={"version": host})
+        return httpx.Response(200, json={"version": host})
+
+
+def _gateway(up: Versions, clock: Clock, canary: str = "", admin: str = "") -> Gateway:
+    overrides = {"upstream": "http://stable.test", "admin": {"token": admin or None}}
+    if canary:
+        overrides["canary"] = {"upstream": "http://canary.test", "weight": 0.3}
+    config = load_config(env={}, overrides=overrides)
+    return build_gateway(config, transport=httpx.MockTransport(up), env={}, clock=clock)
+
+
+def _client(gw: Gateway) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(gw), base_url="http://gw")
+
+
+async def test_responses_carry_the_version_that_served_them() -> None:
+    """X-Ballast-Version names the upstream that answered; ~30 % go to the canary."""
+    clock = Clock()
+    up = Versions(clock)
+    async with _client(_gateway(up, clock, canary="on")) as c:
+        seen = []
+        for i in range(200):
+            r = await c.get("/x", headers={"X-Request-Id": f"r{i}"})
+            host = r.json()["version"]
+            seen.append(r.headers["x-ballast-version"])
+            assert r.headers["x-ballast-version"] == host.removesuffix(".test")
+    assert 35 <= seen.count("canary") <= 85
+
+
+async def test_a_failing_canary_is_rolled_back_and_gets_no_more_traffic() -> None:
+    """Every other canary request failing: rolled back on errors, then only stable serves."""
+    clock = Clock()
+    up = Versions(clock, canary_fail=2)
+    gw = _gateway(up, clock, canary="on")
+    assert gw.canary is not None
+    async with _client(gw) as c:
+        for i in range(400):
+            await c.get("/x", headers={"X-Request-Id": f"r{i}"})
+            if gw.canary.rollout.state.value == "rolled_back":
+                break
+        doc = (await c.get("/_ballast/canary")).json()
+        assert doc["state"] == "rolled_back" and doc["weight"] == 0.0
+        assert clock.t - 1000.0 < 15.0
+        assert doc["decision"]["reason"] == "errors"
+        assert doc["counts"]["canary"]["errors"] > 0
+        before = up.calls["canary.test"]
+        versions = {
+            (await c.get("/x", headers={"X-Request-Id": f"after{i}"})).headers["x-ballast-version"]
+            for i in range(50)
+        }
+    assert versions == {"stable"} and up.calls["canary.test"] == before
+
+
+async def test_an_identical_canary_keeps_running() -> None:
+    """Both versions healthy for a simulated minute: still running, counts on both sides."""
+    clock = Clock(step=0.2)
+    up = Versions(clock)
+    async with _client(_gateway(up, clock, canary="on")) as c:
+        for i in range(300):
+            await c.get("/x", headers={"X-Request-Id": f"r{i}"})
+        doc = (await c.get("/_ballast/canary")).json()
+    assert doc["state"] == "running" and doc["counts"]["canary"]["requests"] > 50
+    assert doc["statistic"]["errors"]["log_e_value"] <= 0.0
+
+
+async def test_no_canary_reports_none() -> None:
+    """Without a canary section the endpoint says state none, and no header is added."""
+    clock = Clock()
+    async with _client(_gateway(Versions(clock), clock)) as c:
+        assert (await c.get("/_ballast/canary")).json()["state"] == "none"
+        assert "x-ballast-version" not in (await c.get("/x")).headers
+        snap = (await c.get("/_ballast/snapshot")).json()
+    assert snap["canary"] == {"state": "none"}
+
+
+async def test_admin_actions_need_the_token() -> None:
+    """promote/rollback: 404 without a token configured, 401 with a wrong one, 405 on GET."""
+    clock = Clock()
+    async with _client(_gateway(Versions(clock), clock, canary="on")) as c:
+        assert (await c.post("/_ballast/canary/rollback")).status_code == 404
+    async with _client(_gateway(Versions(clock), clock, canary="on", admin=TOKEN)) as c:
+        bad = {"Authorization": "Bearer nope"}
+        assert (await c.post("/_ballast/canary/rollback", headers=bad)).status_code == 401
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await c.get("/_ballast/canary/rollback", headers=good)).status_code == 405
+        r = await c.post("/_ballast/canary/rollback", headers=good)
+        assert r.status_code == 200 and r.json()["state"] == "rolled_back"
+        assert r.json()["decision"]["reason"] == "operator"
+        again = await c.post("/_ballast/canary/promote", headers=good)
+        assert again.status_code == 409 and again.json()["state"] == "rolled_back"
+
+
+async def test_promote_makes_the_canary_the_stable_version() -> None:
+    """After promotion every request goes to the canary's upstream, labelled stable."""
+    clock = Clock()
+    up = Versions(clock)
+    async with _client(_gateway(up, clock, canary="on", admin=TOKEN)) as c:
+        r = await c.post("/_ballast/canary/promote", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.json()["state"] == "promoted" and r.json()["weight"] == 1.0
+        for i in range(20):
+            resp = await c.get("/x", headers={"X-Request-Id": f"p{i}"})
+            assert resp.json()["version"] == "canary.test"
+            assert resp.headers["x-ballast-version"] == "stable"
+
+
+async def test_metrics_per_version() -> None:
+    """The scrape has per-version request counters, the weight and the state."""
+    clock = Clock()
+    async with _client(_gateway(Versions(clock, canary_fail=3), clock, canary="on")) as c:
+        for i in range(50):
+            await c.get("/x", headers={"X-Request-Id": f"m{i}"})
+        text = (await c.get("/_ballast/metrics")).text
+    assert 'ballast_canary_requests_total{result="ok",version="stable"}' in text
+    assert 'ballast_canary_requests_total{result="error",version="canary"}' in text
+    assert "ballast_canary_weight 0.3" in text
+    assert 'ballast_canary_state{state="running"} 1.0' in text

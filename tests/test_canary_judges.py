@@ -158,7 +158,9 @@ def test_canary_cores_import_nothing_heavy() -> None:
     import subprocess
     import sys
 
-    mods = [f"ballast_asgi.canary.{m}" for m in ("evidence", "blocks", "judges", "rollout", "split")]
+    mods = [
+        f"ballast_asgi.canary.{m}" for m in ("evidence", "blocks", "judges", "rollout", "split")
+    ]
     heavy = ("starlette", "httpx", "aiohttp", "prometheus_client", "pydantic", "uvicorn", "anyio")
     code = (
         f"import sys, importlib; [importlib.import_module(m) for m in {mods!r}]; "

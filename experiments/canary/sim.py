@@ -1,8 +1,9 @@
 """The simulation tables: false rollbacks over the grid, and detection speed per regression.
 
 Every cell runs ``trials`` seeded independent canaries (1 s blocks): an
-identical canary for 10 simulated minutes, a regressed one for 30; the seed of a cell is derived from the run's seed and
-the cell, so any cell can be re-run alone.
+identical canary for 10 simulated minutes, a regressed one for 30. The seed
+of a cell is derived from the run's seed and the cell, so any cell can be
+re-run alone.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DURATION ?= 30
 
 .PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench clean system-deps \
-	experiment-discovery
+	experiment-discovery experiment-canary
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -68,6 +68,9 @@ experiment-pool: $(STAMP)
 
 experiment-quick: $(STAMP)
 	$(PY) -m experiments.sweep --quick
+
+experiment-canary: $(STAMP)
+	$(PY) -m experiments.canary
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench

@@ -21,7 +21,7 @@ likely as stable ones), which makes an event a canary event with probability
     l_b(r) = e_c ln r - e ln(1 + q_b (r - 1))
 
 **Mixture and cap.** The e-process is the average over a log-spaced grid of
-relative risks (uniform prior, x1.5 to x250) of the product of capped block
+relative risks (uniform prior, x2 to x250) of the product of capped block
 ratios::
 
     c_b(r) = max(cap, l_b^1(r))     l_b^1: the same block with exactly one canary event
@@ -46,8 +46,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-#: Relative risks the mixture covers by default (x1.5 to x250, 12 points, log-spaced).
-DEFAULT_RATIOS: tuple[float, ...] = tuple(1.5 * ((250.0 / 1.5) ** (k / 11)) for k in range(12))
+#: Relative risks the mixture covers by default (x2 to x250, 12 points, log-spaced).
+DEFAULT_RATIOS: tuple[float, ...] = tuple(2.0 * (125.0 ** (k / 11)) for k in range(12))
 #: Most a single block may add to the log e-value, in nats (unless one event adds more).
 DEFAULT_CAP_NATS = 0.6
 

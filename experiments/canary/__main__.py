@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -51,13 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-live", action="store_true", help="skip the live gateway run")
     p.add_argument("--live-seconds", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--reuse", type=Path, default=None, help="a runs/canary-* dir: skip the sim")
     p.add_argument("--docs", type=Path, default=ROOT / "docs" / "canary.md")
     args = p.parse_args(argv)
     out = args.out or ROOT / "runs" / time.strftime("canary-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results = simulate_all(args.trials, args.seed, args.workers)
-    sim_s = time.monotonic() - started
+    if args.reuse is not None:
+        results, sim_s = pickle.loads((args.reuse / "results.pkl").read_bytes())
+    else:
+        results = simulate_all(args.trials, args.seed, args.workers)
+        sim_s = time.monotonic() - started
+        (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s)))
     live: dict[str, Any] | None = None
     if not args.no_live:
         from experiments.canary import live as live_run

@@ -25,7 +25,7 @@ slow requests) came from: under "no difference" each one is a canary event
 with probability equal to the canary's share of the block's traffic,
 whatever the overall error rate is, so a downstream outage that hits both
 versions is not evidence. A mixture of likelihood ratios over relative risks
-x1.5 to x250 gives an e-process (anytime-valid: the false-rollback
+x2 to x250 gives an e-process (anytime-valid: the false-rollback
 probability stays below alpha however often it looks); alpha is split 2/3 on
 errors and 1/3 on latency. Each block may add at most 0.6 nats (or what one
 canary error adds, when more), so a short error burst on the canary's one
@@ -38,6 +38,33 @@ two-proportion z-test on errors after 10 minutes at alpha) and `threshold`
 (Flagger-like: a 60 s window whose canary success rate is under 99 % is a
 failed check, 5 failed checks roll back; windows without canary traffic are
 not checks). Both look at errors only. alpha = 0.01 for every rule.
+
+## Using it
+
+```yaml
+canary:
+  upstream: http://127.0.0.1:9201   # the new version
+  weight: 0.1                       # share of traffic, 0..1
+  rule: sequential                  # sequential | fixed_horizon | threshold
+  alpha: 0.01
+  sticky_cookie: session            # optional: one user, one version
+  ramp: {{steps: [0.01, 0.05, 0.25, 0.5], step_ms: 60000, min_requests: 100}}
+```
+
+Every key is in `examples/ballast.example.yaml`. Responses carry
+`X-Ballast-Version: stable|canary`. `GET /_ballast/canary` returns `state`
+(`running`, `rolled_back`, `promoted`, or `none`), `weight`, `counts` per
+version, the current `statistic` (log e-values and their bounds) and, once
+decided, the `decision` with its reason and evidence. `POST
+/_ballast/canary/promote` and `/rollback` need `Authorization: Bearer
+<admin.token>` (404 while no token is configured). A rollback sets the
+weight to 0 at once (requests in flight finish); a promotion sends all
+traffic to the canary, which is then labelled `stable`. With ramp steps each
+step passes after `step_ms` and `min_requests` canary requests, and the last
+one promotes. Metrics: `ballast_canary_requests_total{{version,result}}`,
+`ballast_canary_latency_seconds{{version}}`, `ballast_canary_weight`,
+`ballast_canary_state{{state}}`, `ballast_canary_log_e_value{{metric}}`.
+Canary settings need a restart (a reload that changes them is refused).
 
 ## The simulated conditions
 

@@ -60,7 +60,7 @@ def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
     limit = time.monotonic() + 30
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         try:
             httpx.get(url, timeout=1.0)
             return

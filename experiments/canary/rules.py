@@ -23,7 +23,8 @@ CHUNK = 40
 
 def _share(part: np.ndarray, other: np.ndarray) -> np.ndarray:
     total = part + other
-    return np.divide(part, total, out=np.zeros(part.shape), where=total > 0)
+    out: np.ndarray = np.divide(part, total, out=np.zeros(part.shape), where=total > 0)
+    return out
 
 
 def _crossing(
@@ -63,7 +64,8 @@ def sequential(
         b.slow_c, b.slow_s, _share(b.timed_c, b.timed_s),
         -math.log(alpha * (1.0 - error_share)), cap,
     )  # fmt: skip
-    return np.minimum(err, lat)
+    first: np.ndarray = np.minimum(err, lat)
+    return first
 
 
 def fixed_horizon(b: Blocks, alpha: float, horizon_s: int = 600) -> np.ndarray:
@@ -96,4 +98,10 @@ def threshold(
     return np.where(hit.any(axis=1), first, np.inf)
 
 
-RULE_FUNCS = {"sequential": sequential, "fixed_horizon": fixed_horizon, "threshold": threshold}
+def apply(rule: str, b: Blocks, alpha: float) -> np.ndarray:
+    """Rollback times of every trial under ``rule`` (the baselines at their defaults)."""
+    if rule == "sequential":
+        return sequential(b, alpha)
+    if rule == "fixed_horizon":
+        return fixed_horizon(b, alpha)
+    return threshold(b)

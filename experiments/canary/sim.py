@@ -71,9 +71,7 @@ def run_cell(cell: Cell, reg: Regression, trials: int, seed: int) -> list[Result
     blocks = simulate(cell, reg, trials, horizon, rng)
     out = []
     for rule in RULES:
-        times = rules.threshold(blocks) if rule == "threshold" else rules.RULE_FUNCS[rule](
-            blocks, ALPHA
-        )  # fmt: skip
+        times = rules.apply(rule, blocks, ALPHA)
         out.append(Result(cell, reg.name, rule, tuple(float(t) for t in times)))
     return out
 

@@ -153,3 +153,18 @@ async def test_metrics_per_version() -> None:
     assert 'ballast_canary_requests_total{result="error",version="canary"}' in text
     assert "ballast_canary_weight 0.3" in text
     assert 'ballast_canary_state{state="running"} 1.0' in text
+
+
+async def test_canary_routes_follow_the_admin_placement() -> None:
+    """admin.on_traffic_port false: /_ballast/canary is 404 there, /canary is on the admin port."""
+    clock = Clock()
+    overrides = {"upstream": "http://stable.test", "admin": {"on_traffic_port": False},
+                 "canary": {"upstream": "http://canary.test"}}  # fmt: skip
+    config = load_config(env={}, overrides=overrides)
+    gw = build_gateway(config, transport=httpx.MockTransport(Versions(clock)), env={}, clock=clock)
+    async with _client(gw) as c:
+        assert (await c.get("/_ballast/canary")).status_code == 404
+    admin = httpx.AsyncClient(transport=httpx.ASGITransport(gw.admin_app()), base_url="http://a")
+    async with admin:
+        doc = (await admin.get("/canary")).json()
+    assert doc["state"] == "running" and doc["upstream"] == "http://canary.test"

@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-live", action="store_true", help="skip the live gateway run")
-    p.add_argument("--live-seconds", type=float, default=60.0)
+    p.add_argument("--live-good-seconds", type=float, default=600.0,
+                   help="how long the identical canary runs live (600)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--reuse", type=Path, default=None, help="a runs/canary-* dir: skip the sim")
     p.add_argument("--docs", type=Path, default=ROOT / "docs" / "canary.md")
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_live:
         from experiments.canary import live as live_run
 
-        live = live_run.run_all(args.live_seconds)
+        live = live_run.run_all(args.live_good_seconds)
     doc = {"trials": args.trials, "seed": args.seed, "simulation_s": sim_s, "live": live,
            "results": [r.as_dict() for r in results]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))

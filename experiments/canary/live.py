@@ -150,19 +150,22 @@ def render(live: dict[str, Any]) -> str:
         "## Live\n",
         f"The gateway (uvicorn) in front of two simulators, {live['rate_rps']} rps open-loop "
         f"(Poisson, `loadgen`), canary weight {live['weight']}, sequential rule, alpha 0.01; "
-        "stable fails 1 % of requests. Time is the canary's age when the judge decided "
-        "(polled every second).\n",
-        "| scenario | outcome | after | canary requests / errors / slow | stable requests / errors "
-        "| log e (errors, latency) | canary requests in the 5 s after |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "stable fails 1 % of requests. *After*: the canary's age when the judge decided (or "
+        "at the last poll). *Served rps*: requests the judge counted per second of that age; "
+        f"well under {live['rate_rps']} means the machine (gateway, generator, simulators "
+        "sharing two busy cores) was the bottleneck, not the rule.\n",
+        "| scenario | outcome | after | served rps | canary requests / errors / slow "
+        "| stable requests / errors | log e (errors, latency) | canary requests in the 5 s after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in live["runs"]:
         c, s = r["counts"]["canary"], r["counts"]["stable"]
         st = r["statistic"]
         after = r["decision"]["at_s"] if r["decision"] else r["running_s"]
         reason = f" ({r['decision']['reason']})" if r["decision"] else ""
+        rps = (c["requests"] + s["requests"]) / max(after, 1.0)
         rows.append(
-            f"| {r['scenario']} | {r['state']}{reason} | {after:.0f} s | "
+            f"| {r['scenario']} | {r['state']}{reason} | {after:.0f} s | {rps:.0f} | "
             f"{c['requests']} / {c['errors']} / {c['slow']} | {s['requests']} / {s['errors']} | "
             f"{st['errors']['log_e_value']:.1f}, {st['latency']['log_e_value']:.1f} | "
             f"{r.get('canary_served_in_5s_after', '-')} |"

@@ -81,6 +81,34 @@ slow-request test compares against the exact stable p99 in the simulation
 """
 
 
+READING = """### Reading the targets
+
+*False rollbacks.* For independent errors the bound is a theorem (Ville's
+inequality), so a cell above alpha there can only be sampling noise: with
+300 trials a true rate of 1 % gives 4 or more rollbacks in about a third of
+the runs. The bursty model breaks the independence the theorem assumes; there
+the per-block cap is what keeps the rate near alpha, and it is measured, not
+proved.
+
+*Detection at 200 rps and a 1 % share.* The canary serves 2 requests a
+second; at 2 % base error a +5 pp regression adds one canary error every
+10 s. The information a second of that traffic carries (the Kullback-Leibler
+rate of the canary's error count against the stable rate) is about 0.075
+nats, so even a test told the effect size in advance needs ln(1/alpha) = 4.6
+nats, about 60 s, on average; not knowing the effect (the mixture) and
+keeping a third of alpha for latency add the rest. At lower base errors the
+same cell is much faster (the +5 pp table below).
+
+*Detection at 2,000 rps.* With a 5-25 % share the binding limit is the cap
+of 0.6 nats per one-second block that protects against short error bursts on
+the canary's instance: at least ln(150) / 0.6 = 8.4 s. A larger cap is
+faster and pays in false rollbacks under bursts (an exploratory run with a
+1-nat cap: about 7 s at a 25 % share, but up to 8 % false rollbacks in
+bursty cells). With a 1 % share (20 canary requests a second) the
+information rate binds again at high base errors.
+"""
+
+
 def render(
     results: list[Result], live: dict[str, Any] | None, *, trials: int, seed: int, sim_s: float
 ) -> str:
@@ -90,6 +118,7 @@ def render(
     parts = [
         HEAD.format(trials=trials, seed=seed, sim_s=sim_s, machine=machine),
         "## Targets\n\n" + target_rows,
+        READING,
         "## How often a good version gets rolled back\n\n"
         "Identical canary, 10 minutes; share of trials rolled back.\n\n"
         + tables.false_rollbacks(results),

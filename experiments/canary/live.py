@@ -15,102 +15,60 @@ counter shows whether it still got traffic.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from experiments._harness.procs import HOST, Procs, free_port, processes
+from experiments._harness.servers import Target, sim_cmd
+
 RATE_RPS = 200
 WEIGHT = 0.1
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _simulator(procs: Procs, name: str, error_rate: float, multiplier: float, seed: int) -> Target:
+    """A simulator (32 workers, 25 / 120 ms) failing ``error_rate``, ``multiplier`` slower."""
+    port, admin = free_port(), free_port()
+    cmd = sim_cmd(port, admin, workers=32, seed=seed)
+    cmd += ["--error-rate", str(error_rate), "--latency-multiplier", str(multiplier)]
+    proc = procs.start(cmd, None, port, name)
+    return Target(name, port, proc.pid, path="/", admin_port=admin)
 
 
-@contextmanager
-def _process(
-    args: list[str], env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    limit = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            httpx.get(url, timeout=1.0)
-            return
-        except httpx.TransportError:
-            if time.monotonic() > limit:
-                raise RuntimeError(f"{url} never answered") from None
-            time.sleep(0.1)
-
-
-def _simulator(stack: ExitStack, error_rate: float, multiplier: float, seed: int) -> dict[str, str]:
-    """Start a simulator whose process ``stack`` stops; its traffic and admin URLs."""
-    port, admin = _port(), _port()
-    args = [sys.executable, "-m", "upstream_sim", "--port", str(port), "--admin-port", str(admin),
-            "--workers", "32", "--error-rate", str(error_rate),
-            "--latency-multiplier", str(multiplier), "--seed", str(seed)]  # fmt: skip
-    proc = stack.enter_context(_process(args))
-    _wait(f"http://127.0.0.1:{admin}/health", proc)
-    return {"url": f"http://127.0.0.1:{port}", "admin": f"http://127.0.0.1:{admin}"}
-
-
-def _served(sim: dict[str, str]) -> int:
-    return int(httpx.get(sim["admin"] + "/stats", timeout=5).json()["served"])
+def _served(sim: Target) -> int:
+    return int(httpx.get(sim.admin + "/stats", timeout=5).json()["served"])
 
 
 def run_scenario(
     name: str, canary_error: float, canary_mult: float, seconds: float
 ) -> dict[str, Any]:
-    """One scenario; the polled trace and the outcome."""
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        stable = _simulator(stack, 0.01, 1.0, 1)
-        canary = _simulator(stack, canary_error, canary_mult, 2)
+    """One scenario; the last polled state and the outcome."""
+    with tempfile.TemporaryDirectory() as tmp, processes(Path(tmp)) as procs:
+        stable = _simulator(procs, "stable", 0.01, 1.0, 1)
+        canary = _simulator(procs, "canary", canary_error, canary_mult, 2)
         config = Path(tmp) / "ballast.yaml"
-        config.write_text(f"upstream: {stable['url']}\nmax_concurrent_requests: 256\n"
-                          f"canary:\n  upstream: {canary['url']}\n  weight: {WEIGHT}\n"
+        config.write_text(f"upstream: {stable.base}\nmax_concurrent_requests: 256\n"
+                          f"canary:\n  upstream: {canary.base}\n  weight: {WEIGHT}\n"
                           "  rule: sequential\n  alpha: 0.01\n")  # fmt: skip
-        port = _port()
-        env = {**os.environ, "BALLAST_CONFIG": str(config), "BALLAST_UPSTREAM": "",
-               "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}  # fmt: skip
-        gw = stack.enter_context(_process(
-            [sys.executable, "-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port),
-             "--log-level", "warning"], env))  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        _wait(base + "/_ballast/health", gw)
-        load = [sys.executable, "-m", "loadgen", "--target", base + "/", "--rate", str(RATE_RPS),
-                "--duration", f"{seconds + 10:g}s", "--poisson", "--quiet"]  # fmt: skip
-        stack.enter_context(_process(load))
+        port = free_port()
+        env = {"BALLAST_CONFIG": str(config), "BALLAST_UPSTREAM": "", "BALLAST_LIMITER": "",
+               "BALLAST_FIXED_LIMIT": ""}  # fmt: skip
+        uvicorn = [sys.executable, "-m", "uvicorn", "ballast_asgi.gateway:app", "--host", HOST,
+                   "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        procs.start(uvicorn, None, port, "gateway", env=env)
+        base = f"http://{HOST}:{port}"
+        load = [sys.executable, "-m", "ballast_tools.loadgen", "--target", base + "/",
+                "--rate", str(RATE_RPS), "--duration", f"{seconds + 10:g}s", "--poisson",
+                "--quiet"]  # fmt: skip
+        procs.start(load, None, None, "load")
         return _watch(name, base, canary, seconds)
 
 
-def _watch(name: str, base: str, canary: dict[str, str], seconds: float) -> dict[str, Any]:
+def _watch(name: str, base: str, canary: Target, seconds: float) -> dict[str, Any]:
     started = time.monotonic()
     doc: dict[str, Any] = {}
     missed = 0

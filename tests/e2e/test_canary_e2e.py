@@ -19,11 +19,11 @@ pytestmark = pytest.mark.e2e
 
 @contextmanager
 def simulator(error_rate: float) -> Iterator[str]:
-    """``python -m ballast_tools.upstream_sim`` with fast service and ``error_rate``; its base URL."""
+    """The simulator with fast service failing ``error_rate`` of requests; its base URL."""
     port, admin = free_port(), free_port()
-    args = [sys.executable, "-m", "ballast_tools.upstream_sim", "--port", str(port), "--admin-port", str(admin),
-            "--workers", "64", "--fast", "2ms", "--slow", "5ms", "--error-rate", str(error_rate),
-            "--seed", "7"]  # fmt: skip
+    args = [sys.executable, "-m", "ballast_tools.upstream_sim", "--port", str(port),
+            "--admin-port", str(admin), "--workers", "64", "--fast", "2ms", "--slow", "5ms",
+            "--error-rate", str(error_rate), "--seed", "7"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_http(f"http://127.0.0.1:{admin}/health", proc)

@@ -169,3 +169,20 @@ def test_stopping_etcd_does_not_stop_traffic(
     assert snap["config_version"] == before
     assert snap["discovery"]["etcd"]["connected"] is False  # type: ignore[index]
     _wait(base, lambda s: s["discovery"]["etcd"]["connected"] is True)
+
+
+def test_an_instance_killed_before_its_registration_costs_nothing(
+    setup: tuple[EtcdServer, str, list[Instance]],
+) -> None:
+    """SIGKILL the simulator while its registration lives on: retries cover every request."""
+    _, base, (a, b) = setup
+    out, thread = _load_in_background(base, 4.0)
+    time.sleep(1.0)
+    served_before = a.served()
+    b.sim.send_signal(signal.SIGKILL)
+    b.sim.communicate(timeout=10)
+    thread.join(30)  # type: ignore[attr-defined]
+    statuses = out[0]
+    assert statuses.count(200) == len(statuses), {s: statuses.count(s) for s in set(statuses)}
+    assert a.served() > served_before  # the retries and the rest went to the live one
+    assert b.url in _urls(_snapshot(base))  # still registered: only its lease knows

@@ -86,13 +86,10 @@ class Gateway:
         self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
         if self.discovery is not None:
             self.discovery.register_metrics(self.metrics.registry)
-        self.pool = (
-            None
-            if self.discovery
-            else PoolRuntime.build(
-                config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport
-            )
-        )
+        self.pool = PoolRuntime.build(
+            config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport,
+            discovered=self.discovery is not None,
+        )  # fmt: skip
         self.proxy_app = (
             self.pool.proxy
             if self.pool is not None
@@ -109,6 +106,8 @@ class Gateway:
         self.proxy: ASGIApp = self.pool.app if self.pool is not None else self.proxy_app
         if self.pool is not None:
             self.pool.attach(self.parts)
+            if self.discovery is not None:  # versions swap the pool's instances
+                self.discovery.use_pool(self.pool, self.parts)
         self.canary = attach_canary(
             self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng
         )
@@ -296,7 +295,7 @@ class Gateway:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))
         reconfigure_parts(self.parts, self.config, new, self.clock())
-        if self.pool is not None:
+        if self.pool is not None and self.discovery is None:  # discovery owns the list
             self.pool.reload(new, self.parts)
         self.config = new
         self.websockets.config = new.websocket

@@ -77,7 +77,8 @@ class DiscoveryRuntime:
 
     @classmethod
     def for_gateway(cls, config: GatewayConfig) -> DiscoveryRuntime:
-        """The runtime of a gateway with ``config.discovery``, over its own list selector.
+        """The runtime of a gateway with ``config.discovery``, over a list selector
+        (the gateway then hands it its pool with ``use_pool``).
 
         ``config.upstream``, when given, is the list until the first version.
         """
@@ -89,6 +90,21 @@ class DiscoveryRuntime:
         runtime = cls(config.discovery, selector.set_instances, bootstrapped=bool(bootstrap))
         runtime.selector = selector
         return runtime
+
+    def use_pool(self, pool: Any, parts: Any) -> None:
+        """Apply versions to the gateway's pool: kept URLs keep their state, new ones start
+        fresh, removed ones leave the rotation and finish what they have (``set_instances``)."""
+        from ballast_asgi.upstreams.instance import InstanceSpec
+
+        def apply(instances: Sequence[Instance]) -> None:
+            before = len(pool.pool.instances)
+            pool.selector.set_instances([InstanceSpec(i.url) for i in instances])
+            if pool.checker is not None and pool.checker.started:
+                pool.checker.sync()
+            pool.attach(parts, breaker=len(instances) != before)
+
+        self._apply = apply
+        self.selector = pool.selector
 
     def register_metrics(self, registry: Any) -> None:
         """Add the ``ballast_discovery_*`` series to the gateway's registry."""

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig
     from ballast_asgi.stack import Parts
 
+#: Stands in for the instances of a discovery gateway until its first config version.
+DISCOVERY_PLACEHOLDER = "http://127.0.0.1:9"
 #: Slack on top of the proxy's timeout before an unreported lease is reaped.
 LEASE_SLACK_S = 5.0
 
@@ -68,10 +70,13 @@ class PoolRuntime:
         clock: Clock,
         rng: random.Random,
         transport: httpx.AsyncBaseTransport | None = None,
+        discovered: bool = False,
     ) -> PoolRuntime | None:
-        """The runtime for a list of instances, or None for a single URL."""
-        if len(config.instances) < 2:
+        """The runtime for a list of instances (or for discovery), or None for a single URL."""
+        if len(config.instances) < 2 and not discovered:
             return None
+        if not config.instances:  # discovery before its first version: never chosen (503)
+            config = config.model_copy(update={"upstream": DISCOVERY_PLACEHOLDER})
         pool = build_pool(config, rng)
         checker = HealthChecker(pool, rng=rng) if config.upstreams.health_check.enabled else None
         max_lease_s = config.proxy.timeout_ms / 1000.0 + LEASE_SLACK_S

@@ -73,11 +73,9 @@ ROWS: list[tuple[str, bytes, bytes, list[bytes], bytes, bool]] = [
 WEBSOCKET_ROWS: list[Any] = []
 
 
-#: Extra gateway config for the stream test. The proxy streams; the retry stage in
-#: front of it still holds idempotent responses back by default (until it decides at
-#: the response head: the ``stages`` change). Set this to "" when that lands, so the
-#: stream test runs on the default config like the table.
-STREAM_CONFIG = "retry: {buffer_responses: false}\n"
+#: Extra gateway config for the stream test: none. The retry stage decides at the
+#: response head, so the default gateway streams (retries stay on).
+STREAM_CONFIG = ""
 
 
 @pytest.fixture(scope="module")

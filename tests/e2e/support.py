@@ -28,9 +28,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_in_thread(app: Any, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+def serve_in_thread(
+    app: Any, port: int, lifespan: str = "off"
+) -> tuple[uvicorn.Server, threading.Thread]:
     """Run ``app`` on uvicorn in a thread; return once it accepts connections."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -45,6 +49,24 @@ def stop_thread(server: uvicorn.Server, thread: threading.Thread) -> None:
     """Stop a server started by ``serve_in_thread``."""
     server.should_exit = True
     thread.join(10)
+
+
+@contextmanager
+def thread_servers() -> Iterator[Any]:
+    """A ``start(app) -> port`` that serves apps on uvicorn threads (lifespan on); all
+    stopped on exit."""
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(app: Any) -> int:
+        port = free_port()
+        running.append(serve_in_thread(app, port, lifespan="on"))
+        return port
+
+    try:
+        yield start
+    finally:
+        for server, thread in running:
+            stop_thread(server, thread)
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 15.0) -> None:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from ballast_asgi.config import ProxyConfig
 from ballast_asgi.proxy.app import ProxyApp
+from tests.e2e.support import thread_servers
 
 pytestmark = pytest.mark.e2e
 
@@ -55,28 +53,8 @@ def free_port() -> int:
 @pytest.fixture
 def serve() -> Iterator[Any]:
     """Starts uvicorn servers in threads; stops them all at teardown."""
-    running: list[tuple[uvicorn.Server, threading.Thread]] = []
-
-    def start(app: Any) -> str:
-        port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                log_level="warning", access_log=False)  # fmt: skip
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        running.append((server, thread))
-        deadline = time.monotonic() + 10.0
-        while not server.started:  # readiness poll, bounded
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            assert thread.is_alive(), "uvicorn exited during start-up"
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for server, _ in running:
-        server.should_exit = True
-    for _, thread in running:
-        thread.join(10)
+    with thread_servers() as start:
+        yield lambda app: f"http://127.0.0.1:{start(app)}"
 
 
 def test_forwards_query_headers_and_body_end_to_end(serve: Any) -> None:

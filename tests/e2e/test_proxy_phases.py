@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from ballast_asgi.config import ProxyConfig
 from ballast_asgi.proxy.app import ProxyApp
@@ -20,7 +18,7 @@ from tests.e2e.raw_http import (
     parse_responses,
     read_request,
 )
-from tests.e2e.support import free_port, stop_thread, uvicorn_gateway
+from tests.e2e.support import thread_servers, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -30,25 +28,8 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 @pytest.fixture
 def serve() -> Iterator[Any]:
     """Serve ASGI apps on uvicorn threads (lifespan on, so the proxy closes its pool)."""
-    running: list[Any] = []
-
-    def start(app: Any) -> int:
-        port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                log_level="warning", access_log=False)  # fmt: skip
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        running.append((server, thread))
-        limit = time.monotonic() + 10
-        while not server.started:  # readiness poll, bounded
-            assert time.monotonic() < limit and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        return port
-
-    yield start
-    for server, thread in running:
-        stop_thread(server, thread)
+    with thread_servers() as start:
+        yield start
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.head import HeadLimits, RequestHead, check_target, read_head
 from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES, ShedReason
 from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
@@ -107,11 +108,12 @@ class AdmissionMiddleware:
             failure_statuses=self.failure_statuses,
         )
         self.metrics.count_request(priority)
-        reason = self._shed_reason(ctx, now)
-        if reason is not None and await self.responder.refuse(send, ctx, reason, ctx.priority):
-            return
         child = with_context(scope, ctx)
         child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
+        shed = self._decide(ctx, now)
+        if shed is not None:
+            await self.responder.act(shed, ctx, self.app, child, receive, send)
+            return
         await self.app(child, receive, send)
 
     def _classify(self, scope: Scope, raw_priority: bytes | None) -> tuple[Priority, bool]:
@@ -122,16 +124,17 @@ class AdmissionMiddleware:
             self.metrics.priority_ignored.inc()
         return priority, ignored
 
-    def _shed_reason(self, ctx: RequestContext, now: float) -> ShedReason | None:
+    def _decide(self, ctx: RequestContext, now: float) -> Shed | None:
+        """``deadline`` when the budget is spent, ``early_drop`` when it cannot be met."""
         if ctx.deadline is None:
             return None
         remaining_s = ctx.deadline - now
         if remaining_s <= 0.0:
-            return ShedReason.DEADLINE
+            return Shed(ShedReason.DEADLINE, ctx.priority)
         if self.early_drop is not None and self.early_drop.should_drop(
             remaining_s, ctx.priority, now
         ):
-            return ShedReason.EARLY_DROP
+            return Shed(ShedReason.EARLY_DROP, ctx.priority)
         return None
 
 

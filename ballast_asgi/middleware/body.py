@@ -36,6 +36,7 @@ from ballast_asgi.core.head import (
     DEFAULT_REPLAY_MAX_BYTES,
 )
 from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import DISCONNECT, body_message, replay
@@ -172,6 +173,6 @@ class BodyMiddleware:
 
     async def _refuse(self, send: Send, ctx: RequestContext, refused: _Refused) -> None:
         if refused.status == 429:
-            await self._responder.shed(send, ShedReason.CAPACITY, ctx.priority)
+            await self._responder.shed(send, Shed(ShedReason.CAPACITY, ctx.priority))
             return
         await send_json(send, refused.status, refused.payload, [(b"connection", b"close")])

@@ -16,10 +16,11 @@ The innermost stage (``RetryMiddleware`` runs it once per attempt). Per attempt:
    status decides (``failure_statuses``). An attempt that raises with nothing
    recorded is the gateway's own error: neutral.
 
-Dry-run (``responder.dry_run``): a request the open breaker would shed is
-counted in ``ballast_dry_run_shed_total`` and goes upstream with no ticket;
-its concurrency permit is handed back first (released IGNORED, ``ctx.permit``
-cleared), as the shed would have done. A request an outer stage already
+A request shed here hands its concurrency permit back at once (released
+IGNORED, ``ctx.permit`` cleared): it never reaches the upstream. Dry-run
+(``responder.dry_run``): such a request is counted in
+``ballast_dry_run_shed_total`` and goes upstream with no ticket and no permit,
+exactly what enforcement would have held. A request an outer stage already
 admitted that way (``ctx.would_shed``) passes straight through.
 """
 
@@ -38,6 +39,7 @@ from ballast_asgi.core.outcome import (
     breaker_verdict,
     status_outcome,
 )
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
@@ -81,10 +83,13 @@ class BreakerMiddleware:
             await self.app(scope, receive, send)
             return
         breaker = self.breakers.get(None if ctx is None else ctx.route)
-        ticket = breaker.acquire(self._clock())
+        now = self._clock()
+        ticket = breaker.acquire(now)
         if ticket is None:
-            if not await self._shed(send, ctx, breaker):
-                await self.app(scope, receive, send)
+            priority = self._responder.priority_of(ctx)
+            shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
+            self._hand_back_permit(ctx, now)
+            await self._responder.act(shed, ctx, self.app, scope, receive, send)
             return
         await self._attempt(scope, receive, send, ctx, ticket)
 
@@ -117,17 +122,16 @@ class BreakerMiddleware:
         else:
             ticket.record(verdict is Verdict.SUCCESS, self._clock())
 
-    async def _shed(self, send: Send, ctx: RequestContext | None, breaker: Breaker) -> bool:
-        """The single shed point of this stage; False when dry-run admits the request."""
-        retry_after_s = breaker.retry_after_s(self._clock())
-        priority = self._responder.priority_of(ctx)
-        reason = ShedReason.BREAKER_OPEN
-        if await self._responder.refuse(send, ctx, reason, priority, retry_after_s):
-            return True
-        if ctx is not None and ctx.permit is not None:  # dry-run: hand it back, as a shed would
+    @staticmethod
+    def _hand_back_permit(ctx: RequestContext | None, now: float) -> None:
+        """A request shed here never reaches the upstream: its permit goes back now, IGNORED.
+
+        Enforcing or dry-run alike, so the limiter holds the same either way
+        (the concurrency stage sees ``ctx.permit`` cleared and releases nothing).
+        """
+        if ctx is not None and ctx.permit is not None:
             permit, ctx.permit = ctx.permit, None
-            permit.release(Outcome.IGNORED, self._clock())
-        return False
+            permit.release(Outcome.IGNORED, now)
 
 
 def _single(breaker: Breaker) -> BreakerSet:

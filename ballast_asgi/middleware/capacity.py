@@ -24,6 +24,7 @@ from __future__ import annotations
 from ballast_asgi.core.capacity import Capacity
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.middleware.context import find_context
 from ballast_asgi.middleware.responses import ShedResponder
@@ -49,8 +50,8 @@ class CapacityMiddleware:
         priority = Priority.STANDARD if ctx is None else ctx.priority
         capacity = self.capacity
         if not capacity.try_enter(priority):
-            if not await self.responder.refuse(send, ctx, ShedReason.CAPACITY, priority):
-                await self.app(scope, receive, send)
+            shed = Shed(ShedReason.CAPACITY, priority)
+            await self.responder.act(shed, ctx, self.app, scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)

@@ -25,6 +25,7 @@ import time
 
 from ballast_asgi.core.limiter import Limiter, Permit
 from ballast_asgi.core.outcome import Outcome, ShedReason, limiter_signal
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, get_context
@@ -73,16 +74,16 @@ class ConcurrencyMiddleware:
         permit = ctx.permit
         if permit is None and not ctx.would_shed:
             permit = self.limiter.try_acquire(self.clock())
-            if permit is None and await self.responder.refuse(
-                send, ctx, ShedReason.LIMIT, ctx.priority
-            ):
+            if permit is None:
+                shed = Shed(ShedReason.LIMIT, ctx.priority)
+                await self.responder.act(shed, ctx, self.app, scope, receive, send)
                 return
             ctx.permit = permit
-        if permit is None:  # dry-run: admitted over the limit; no permit to release
+        if permit is None:  # dry-run: admitted outside every limit; no permit to release
             await self.app(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            if ctx.permit is permit:  # else an inner stage handed it back (dry-run breaker)
+            if ctx.permit is permit:  # else an inner stage handed it back (breaker shed)
                 release(permit, ctx, self.clock())

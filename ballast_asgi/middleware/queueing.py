@@ -40,6 +40,7 @@ from typing import Any
 from ballast_asgi.core.limiter import Limiter, Permit
 from ballast_asgi.core.outcome import Outcome, ShedReason
 from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import replay, watch_disconnect
@@ -104,8 +105,8 @@ class QueueMiddleware:
         self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
     ) -> None:
         if ctx.deadline is not None and ctx.deadline <= now:
-            if not await self.responder.refuse(send, ctx, ShedReason.DEADLINE, ctx.priority):
-                await self._run(scope, receive, send, ctx)
+            shed = Shed(ShedReason.DEADLINE, ctx.priority)
+            await self.responder.act(shed, ctx, self.app, scope, receive, send)
             return
         loop = asyncio.get_running_loop()
         timeout_at = None if self.queue_timeout_s is None else now + self.queue_timeout_s
@@ -115,8 +116,8 @@ class QueueMiddleware:
             self._leave(pushed.displaced, ShedReason.QUEUE_FULL)
         if not pushed.accepted:
             self.metrics.count_queued("queue_full")
-            if not await self.responder.refuse(send, ctx, ShedReason.QUEUE_FULL, ctx.priority):
-                await self._run(scope, receive, send, ctx)
+            shed = Shed(ShedReason.QUEUE_FULL, ctx.priority)
+            await self.responder.act(shed, ctx, self.app, scope, receive, send)
             return
         buffered: list[Message] = []
         result = await self._wait(waiter, receive, buffered, loop)
@@ -141,11 +142,11 @@ class QueueMiddleware:
             result = ShedReason.DEADLINE
         if isinstance(result, ShedReason):
             self.metrics.count_queued("timeout" if result in _TIMEOUT_REASONS else "queue_full")
-            if await self.responder.refuse(send, ctx, result, ctx.priority):
-                return
-        else:
-            self.metrics.count_queued("admitted")
-            ctx.permit = result
+            shed = Shed(result, ctx.priority)
+            await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            return
+        self.metrics.count_queued("admitted")
+        ctx.permit = result
         await self._run(scope, receive, send, ctx)
 
     async def _wait(

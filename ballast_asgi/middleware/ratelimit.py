@@ -2,9 +2,10 @@
 
 Placed inside admission (after the tier and deadline are known) and outside
 the capacity cap and the queue: a refused request never holds a queue slot, a
-permit or upstream work. The refusal goes through the shared ``ShedResponder``
-(status, ``X-Ballast-Reason: rate_limited``, dry-run) with ``Retry-After`` from
-the bucket's refill time, plus the IETF headers
+permit or upstream work. The refusal is a ``Shed`` (``rate_limit_shed``) acted
+on by the shared ``ShedResponder`` (status, ``X-Ballast-Reason: rate_limited``,
+dry-run) with ``Retry-After`` from the bucket's refill time, plus the IETF
+headers on the shed response
 (draft-ietf-httpapi-ratelimit-headers)::
 
     RateLimit-Policy: "default";q=1000;w=1
@@ -21,6 +22,7 @@ import math
 
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.middleware.context import find_context
 from ballast_asgi.middleware.responses import ShedResponder
@@ -52,14 +54,8 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
-        priority = ctx.priority if ctx is not None else Priority.STANDARD
-        retry_after = max(1, math.ceil(decision.retry_after_s))
-        with_headers = _add_headers(send, rate_limit_headers(decision, retry_after))
-        if await self.responder.refuse(
-            with_headers, ctx, ShedReason.RATE_LIMITED, priority, retry_after
-        ):
-            return
-        await self.app(scope, receive, send)
+        shed = rate_limit_shed(decision, self.responder.priority_of(ctx))
+        await self.responder.act(shed, ctx, self.app, scope, receive, send)
 
     def _closing_on_shutdown(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:
@@ -87,10 +83,8 @@ def rate_limit_headers(decision: Decision, reset_s: int) -> list[tuple[bytes, by
     return [(b"ratelimit-policy", policy_header(decision.limits)), (b"ratelimit", state)]
 
 
-def _add_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
-    async def wrapped(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        await send(message)
-
-    return wrapped
+def rate_limit_shed(decision: Decision, priority: Priority) -> Shed:
+    """The shed for a refused decision: ``Retry-After`` the refill time, plus the IETF headers."""
+    retry_after = max(1, math.ceil(decision.retry_after_s))
+    headers = tuple(rate_limit_headers(decision, retry_after))
+    return Shed(ShedReason.RATE_LIMITED, priority, retry_after, headers)

@@ -4,7 +4,9 @@ A shed answer carries the configured status (default 429), ``Retry-After`` in
 whole seconds (>= 1), ``X-Ballast-Reason`` and a small JSON body. Retry-After
 comes from the current drain estimate (seconds until the queue would empty at
 recent throughput) with +/-``jitter`` so that clients do not come back in
-lockstep; callers may pass an explicit value (e.g. the breaker's open time).
+lockstep; a ``Shed`` may carry an explicit value (e.g. the breaker's open time).
+Every stage hands its ``Shed`` decision (``core/shed.py``) to ``act``, which
+alone knows about dry-run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Callable
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
-from ballast_asgi.core.types import Send
+from ballast_asgi.core.shed import Shed
+from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext
 
@@ -74,8 +77,8 @@ class ShedResponder:
         self._rng = rng or random.Random()
         #: Seconds until the backlog would drain; wired by the composition root.
         self.drain_estimate: Callable[[], float] = lambda: 1.0
-        #: Dry-run: each stage admits what it would shed and calls ``count_would_shed``
-        #: instead of ``shed``. Set by the composition root; flipped live on reload.
+        #: Dry-run: ``act`` admits what it would shed and counts it instead.
+        #: Set by the composition root; flipped live on reload.
         self.dry_run = False
 
     def retry_after_s(self) -> int:
@@ -102,43 +105,48 @@ class ShedResponder:
         if ctx is not None:
             ctx.would_shed.append(reason)
 
-    async def refuse(
+    async def act(
         self,
-        send: Send,
+        shed: Shed,
         ctx: RequestContext | None,
-        reason: ShedReason,
-        priority: Priority,
-        retry_after_s: float | None = None,
-    ) -> bool:
-        """Every stage's shed point: shed and return True, or (dry-run) count and return False."""
-        if self.dry_run:
-            self.count_would_shed(ctx, reason, priority)
-            return False
-        if ctx is not None:
-            ctx.shed_reason = reason
-        await self.shed(send, reason, priority, retry_after_s)
-        return True
-
-    async def shed(
-        self,
+        app: ASGIApp,
+        scope: Scope,
+        receive: Receive,
         send: Send,
-        reason: ShedReason,
-        priority: Priority,
-        retry_after_s: float | None = None,
     ) -> None:
-        """Count and send one shed response."""
-        self.metrics.count_shed(reason, priority)
+        """Every stage's shed point: answer ``shed``, or (dry-run) count it and run ``app``.
+
+        Enforcing: ``ctx.shed_reason`` is set and the shed response sent; ``app``
+        is not called. Dry-run: the request is counted as a would-be shed, marked
+        (``ctx.would_shed``: it runs outside every later limit) and ``app`` runs
+        with the stage's ``scope``, ``receive`` and ``send``, as if admitted.
+        """
+        if self.dry_run:
+            self.count_would_shed(ctx, shed.reason, shed.priority)
+            await app(scope, receive, send)
+            return
+        if ctx is not None:
+            ctx.shed_reason = shed.reason
+        await self.shed(send, shed)
+
+    async def shed(self, send: Send, shed: Shed) -> None:
+        """Count and send one shed response (whatever the dry-run setting)."""
+        reason = shed.reason
+        self.metrics.count_shed(reason, shed.priority)
         seconds = (
-            self.retry_after_s() if retry_after_s is None else max(1, math.ceil(retry_after_s))
+            self.retry_after_s()
+            if shed.retry_after_s is None
+            else max(1, math.ceil(shed.retry_after_s))
         )
         headers = [
             (b"retry-after", str(seconds).encode()),
             (b"x-ballast-reason", reason.value.encode()),
+            *shed.headers,
         ]
         payload: dict[str, object] = {
             "error": "shed",
             "reason": reason.value,
-            "priority": priority.label,
+            "priority": shed.priority.label,
             "retry_after_s": seconds,
         }
         await send_json(send, self.status, payload, headers)

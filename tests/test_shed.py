@@ -1,4 +1,4 @@
-"""The shed decision (``core/shed.py``) and the one helper that acts on it (``ShedResponder.act``)."""
+"""The shed decision (``core/shed.py``) and the one helper acting on it (``ShedResponder.act``)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ Every error becomes one ``ConfigError`` line naming the key path and the allowed
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ from ballast_asgi.config.models import (
 )
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
+
+log = logging.getLogger("ballast.config")
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -171,6 +174,29 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def reference_layout(merged: dict[str, Any]) -> bool:
+    """The reference layout rule, the only place it is written; True when it applied.
+
+    A config document (file, then environment, then overrides, merged) that
+    gives ``max_concurrent_requests`` a number and names no ``limiter.algorithm``
+    means what it means to the reference gateway: a fixed cap of that many
+    concurrent requests. So the loader writes ``limiter.algorithm: fixed`` into
+    it. Anything that names the algorithm (``limiter.algorithm``,
+    ``BALLAST_LIMITER``, ``--limiter``) wins. A ``GatewayConfig`` built in
+    Python is never rewritten: there the algorithm comes from
+    ``limiter.algorithm`` alone, so ``GatewayConfig()`` and
+    ``GatewayConfig(max_concurrent_requests=1000)`` are the same config.
+    See docs/adr/0007-one-default-per-value.md.
+    """
+    limiter = merged.get("limiter", {})
+    if not isinstance(limiter, Mapping) or "algorithm" in limiter:
+        return False  # named (or malformed: validation reports it)
+    if merged.get("max_concurrent_requests") is None:
+        return False
+    _set_path(merged, "limiter.algorithm", "fixed")
+    return True
+
+
 def build_config(
     data: Mapping[str, Any],
     overrides: Mapping[str, Any] | None = None,
@@ -186,6 +212,12 @@ def build_config(
         raise ConfigError(
             "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
             "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"
+        )
+    if reference_layout(merged):
+        log.info(
+            "%s: max_concurrent_requests without limiter.algorithm: the fixed limiter "
+            "(set limiter.algorithm to choose another)",
+            source,
         )
     try:
         return GatewayConfig.model_validate(merged)

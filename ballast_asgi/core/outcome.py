@@ -100,6 +100,10 @@ RETRYABLE = frozenset(
 )
 
 
+#: Upstream statuses worth another attempt by default (``RetryConfig.retry_statuses``).
+DEFAULT_RETRY_STATUSES = (502, 503, 504)
+
+
 def limiter_signal(outcome: AttemptOutcome) -> Outcome:
     """What the limiter records for a permit whose (last) attempt ended so."""
     return _LIMITER[outcome]

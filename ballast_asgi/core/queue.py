@@ -42,6 +42,13 @@ from ballast_asgi.core.priority import ALL_PRIORITIES, Priority
 
 _SEQ = itertools.count()
 
+#: Defaults (``AdmissionQueueConfig`` references them): 1000 waiters, FIFO up to
+#: 16 per tier, half of the queue reserved for the critical tier.
+DEFAULT_MAX_SIZE = 1000
+DEFAULT_LIFO_THRESHOLD = 16
+DEFAULT_PER_PRIORITY = True
+DEFAULT_RESERVED_FRACTION = 0.5
+
 
 @dataclass(eq=False, slots=True)
 class Waiter:
@@ -83,10 +90,10 @@ class PriorityQueue:
     def __init__(
         self,
         *,
-        max_size: int = 1000,
-        lifo_threshold: int = 16,
-        per_priority: bool = True,
-        reserved_fraction: float = 0.5,
+        max_size: int = DEFAULT_MAX_SIZE,
+        lifo_threshold: int = DEFAULT_LIFO_THRESHOLD,
+        per_priority: bool = DEFAULT_PER_PRIORITY,
+        reserved_fraction: float = DEFAULT_RESERVED_FRACTION,
     ) -> None:
         self.reconfigure(
             max_size=max_size,

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from ballast_asgi.config import RetryConfig
 
 DEFAULT_BUCKETS = 10
+#: Defaults (``RetryConfig`` references them; see the module docstring).
+DEFAULT_BUDGET_RATIO = 0.1
+DEFAULT_WINDOW_MS = 10_000
+DEFAULT_MIN_RETRIES_PER_S = 1.0
 _NEVER = -(2**62)
 
 
@@ -106,9 +110,9 @@ class RetryBudget:
     def __init__(
         self,
         *,
-        budget_ratio: float = 0.1,
-        window_ms: int = 10_000,
-        min_retries_per_s: float = 1.0,
+        budget_ratio: float = DEFAULT_BUDGET_RATIO,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        min_retries_per_s: float = DEFAULT_MIN_RETRIES_PER_S,
         buckets: int = DEFAULT_BUCKETS,
     ) -> None:
         if not 0.0 <= budget_ratio <= 1.0:

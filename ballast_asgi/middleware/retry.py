@@ -52,7 +52,6 @@ from ballast_asgi.middleware._asgi import HeldResponse, body_message, replay
 from ballast_asgi.middleware.context import RequestContext, find_context
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
-DEFAULT_RETRY_STATUSES = (502, 503, 504)
 
 Sleep = Callable[[float], Awaitable[None]]
 #: Whether the breaker would admit another attempt for this request now.

@@ -13,7 +13,14 @@ Defaults: initial 20, min 4, max 1000, backoff_ratio 0.9, timeout_s 5.0.
 
 from __future__ import annotations
 
-from ballast_asgi.core.limit.base import Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import (
+    DEFAULT_INITIAL_LIMIT,
+    DEFAULT_MAX_LIMIT,
+    DEFAULT_MIN_LIMIT,
+    Sample,
+    check_bounds,
+    clamp,
+)
 
 
 class AIMDLimit:
@@ -24,9 +31,9 @@ class AIMDLimit:
     def __init__(
         self,
         *,
-        initial_limit: int = 20,
-        min_limit: int = 4,
-        max_limit: int = 1000,
+        initial_limit: int = DEFAULT_INITIAL_LIMIT,
+        min_limit: int = DEFAULT_MIN_LIMIT,
+        max_limit: int = DEFAULT_MAX_LIMIT,
         backoff_ratio: float = 0.9,
         timeout_s: float = 5.0,
     ) -> None:

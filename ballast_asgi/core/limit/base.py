@@ -34,6 +34,14 @@ from typing import Protocol, runtime_checkable
 #: RTTs are floored at one microsecond so ratios never divide by zero.
 MIN_RTT_S = 1e-6
 
+#: Defaults of the bounds every adaptive algorithm takes (``LimiterConfig``
+#: references them): start at 20, never below 4 nor above 1000.
+DEFAULT_INITIAL_LIMIT = 20
+DEFAULT_MIN_LIMIT = 4
+DEFAULT_MAX_LIMIT = 1000
+#: Default sampling window of the windowed algorithm (``gradient``), milliseconds.
+DEFAULT_WINDOW_MS = 500
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -66,15 +74,20 @@ class LimitAlgorithm(Protocol):
         ...
 
 
-def check_bounds(initial_limit: float, min_limit: int, max_limit: int) -> None:
-    """Raise ``ValueError`` naming the parameter unless 1 <= min <= initial <= max."""
+def check_bounds(initial_limit: float, min_limit: int, max_limit: int, *, prefix: str = "") -> None:
+    """Raise ``ValueError`` naming the parameter unless 1 <= min <= initial <= max.
+
+    ``prefix`` goes before each name (``LimiterConfig`` passes ``"limiter."``).
+    """
+    p = prefix
     if min_limit < 1:
-        raise ValueError(f"min_limit must be >= 1, got {min_limit}")
+        raise ValueError(f"{p}min_limit must be >= 1, got {min_limit}")
     if max_limit < min_limit:
-        raise ValueError(f"max_limit ({max_limit}) must be >= min_limit ({min_limit})")
+        raise ValueError(f"{p}min_limit ({min_limit}) must be <= {p}max_limit ({max_limit})")
     if not min_limit <= initial_limit <= max_limit:
         raise ValueError(
-            f"initial_limit ({initial_limit}) must be within [{min_limit}, {max_limit}]"
+            f"{p}initial_limit ({initial_limit}) must be within "
+            f"[min_limit, max_limit] = [{min_limit}, {max_limit}]"
         )
 
 

@@ -81,7 +81,16 @@ from __future__ import annotations
 import math
 import random
 
-from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import (
+    DEFAULT_INITIAL_LIMIT,
+    DEFAULT_MAX_LIMIT,
+    DEFAULT_MIN_LIMIT,
+    DEFAULT_WINDOW_MS,
+    MIN_RTT_S,
+    Sample,
+    check_bounds,
+    clamp,
+)
 
 _MAX_WINDOW_SAMPLES = 10_000
 #: A stuck streak continues only while the ratio improves by less than this factor.
@@ -104,10 +113,10 @@ class GradientLimit:
     def __init__(
         self,
         *,
-        initial_limit: int = 20,
-        min_limit: int = 4,
-        max_limit: int = 1000,
-        window_ms: float = 500.0,
+        initial_limit: int = DEFAULT_INITIAL_LIMIT,
+        min_limit: int = DEFAULT_MIN_LIMIT,
+        max_limit: int = DEFAULT_MAX_LIMIT,
+        window_ms: float = DEFAULT_WINDOW_MS,
         min_window_samples: int = 5,
         rtt_percentile: float = 0.5,
         tolerance: float = 1.1,

@@ -21,7 +21,15 @@ long_window 600 samples, queue_size 4, backoff_ratio 0.9.
 
 from __future__ import annotations
 
-from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp
+from ballast_asgi.core.limit.base import (
+    DEFAULT_INITIAL_LIMIT,
+    DEFAULT_MAX_LIMIT,
+    DEFAULT_MIN_LIMIT,
+    MIN_RTT_S,
+    Sample,
+    check_bounds,
+    clamp,
+)
 
 _WARMUP = 10
 
@@ -34,9 +42,9 @@ class Gradient2Limit:
     def __init__(
         self,
         *,
-        initial_limit: int = 20,
-        min_limit: int = 4,
-        max_limit: int = 1000,
+        initial_limit: int = DEFAULT_INITIAL_LIMIT,
+        min_limit: int = DEFAULT_MIN_LIMIT,
+        max_limit: int = DEFAULT_MAX_LIMIT,
         smoothing: float = 0.2,
         tolerance: float = 1.5,
         long_window: int = 600,

@@ -25,7 +25,16 @@ from __future__ import annotations
 
 import math
 
-from ballast_asgi.core.limit.base import MIN_RTT_S, Sample, check_bounds, clamp, log10_root
+from ballast_asgi.core.limit.base import (
+    DEFAULT_INITIAL_LIMIT,
+    DEFAULT_MAX_LIMIT,
+    DEFAULT_MIN_LIMIT,
+    MIN_RTT_S,
+    Sample,
+    check_bounds,
+    clamp,
+    log10_root,
+)
 
 
 class VegasLimit:
@@ -36,9 +45,9 @@ class VegasLimit:
     def __init__(
         self,
         *,
-        initial_limit: int = 20,
-        min_limit: int = 4,
-        max_limit: int = 1000,
+        initial_limit: int = DEFAULT_INITIAL_LIMIT,
+        min_limit: int = DEFAULT_MIN_LIMIT,
+        max_limit: int = DEFAULT_MAX_LIMIT,
         smoothing: float = 1.0,
         probe_every: int = 1000,
     ) -> None:

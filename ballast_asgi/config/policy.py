@@ -1,0 +1,140 @@
+"""Config sections of the overload policy: queue, limiter, breaker, retries, caps, sheds.
+
+Defaults live in the cores (``core/queue.py``, ``core/limit/base.py``,
+``core/breaker.py``, ``core/retry_budget.py``, ``core/outcome.py``); these
+models reference them and add the ranges a config file may ask for.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ballast_asgi.config.base import Frozen
+from ballast_asgi.core import breaker as brk
+from ballast_asgi.core import queue as q
+from ballast_asgi.core import retry_budget as rb
+from ballast_asgi.core.limit import base as lim
+from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES
+
+LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
+LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradient2")
+
+
+class AdmissionQueueConfig(Frozen):
+    """The priority queue with a LIFO tail (seed 003 key names)."""
+
+    enabled: bool = True
+    max_queue_size: int = Field(q.DEFAULT_MAX_SIZE, ge=1, le=10_000)
+    #: Longest a request may wait for a permit (None: only its deadline bounds it).
+    queue_timeout_ms: int | None = Field(None, ge=1, le=10_000)
+    #: Reserve part of the queue for the critical tier.
+    per_priority: bool = q.DEFAULT_PER_PRIORITY
+    #: Share of the queue only the critical tier may use (with per_priority).
+    reserved_fraction: float = Field(q.DEFAULT_RESERVED_FRACTION, ge=0.0, le=1.0)
+    #: Within a tier: FIFO at or below this depth, newest first above it.
+    lifo_threshold: int = Field(q.DEFAULT_LIFO_THRESHOLD, ge=0, le=10_000)
+
+
+class LimiterConfig(Frozen):
+    """The concurrency limit algorithm and its bounds.
+
+    The algorithm is chosen by ``algorithm`` only (default ``gradient``). A
+    config *file* that caps ``max_concurrent_requests`` without naming an
+    algorithm means the fixed limiter: that rule lives in one place,
+    ``config/load.py`` (``reference_layout``), not here.
+    """
+
+    algorithm: LimiterName = "gradient"
+    #: The limit of the fixed algorithm (defaults to max_concurrent_requests).
+    fixed_limit: int | None = Field(None, ge=1, le=100_000)
+    initial_limit: int = Field(lim.DEFAULT_INITIAL_LIMIT, ge=1, le=100_000)
+    min_limit: int = Field(lim.DEFAULT_MIN_LIMIT, ge=1, le=100_000)
+    max_limit: int = Field(lim.DEFAULT_MAX_LIMIT, ge=1, le=100_000)
+    #: Sampling window of the adaptive algorithms.
+    window_ms: int = Field(lim.DEFAULT_WINDOW_MS, ge=10, le=60_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LimiterConfig:
+        lim.check_bounds(self.initial_limit, self.min_limit, self.max_limit, prefix="limiter.")
+        return self
+
+
+class BreakerConfig(Frozen):
+    """Circuit breaker."""
+
+    enabled: bool = True
+    window_ms: int = Field(brk.DEFAULT_WINDOW_MS, ge=100, le=600_000)
+    failure_ratio: float = Field(brk.DEFAULT_FAILURE_RATIO, gt=0.0, le=1.0)
+    min_calls: int = Field(brk.DEFAULT_MIN_CALLS, ge=1, le=100_000)
+    consecutive_failures: int = Field(brk.DEFAULT_CONSECUTIVE_FAILURES, ge=1, le=100_000)
+    open_ms: int = Field(brk.DEFAULT_OPEN_MS, ge=10, le=600_000)
+    max_open_ms: int = Field(brk.DEFAULT_MAX_OPEN_MS, ge=10, le=3_600_000)
+    half_open_successes: int = Field(brk.DEFAULT_HALF_OPEN_SUCCESSES, ge=1, le=1_000)
+    probe_timeout_ms: int = Field(brk.DEFAULT_PROBE_TIMEOUT_MS, ge=1, le=600_000)
+    failure_statuses: tuple[int, ...] = brk.DEFAULT_FAILURE_STATUSES
+    #: One breaker per route template (in an app) or rule group, so one failing
+    #: route cannot shed another's traffic; ``global``: one breaker for all.
+    scope: Literal["route", "global"] = "route"
+
+    @field_validator("failure_statuses")
+    @classmethod
+    def _statuses(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in v if not 400 <= s <= 599]
+        if bad:
+            raise ValueError(f"failure statuses must be 4xx or 5xx (400..599), got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> BreakerConfig:
+        if self.open_ms > self.max_open_ms:
+            raise ValueError("breaker.open_ms must be <= breaker.max_open_ms")
+        return self
+
+
+class RetryConfig(Frozen):
+    """Retries drawn from a budget."""
+
+    enabled: bool = True
+    #: Retries may be at most this share of original requests in the window.
+    budget_ratio: float = Field(rb.DEFAULT_BUDGET_RATIO, ge=0.0, le=1.0)
+    window_ms: int = Field(rb.DEFAULT_WINDOW_MS, ge=100, le=600_000)
+    #: Retries always allowed per second, so a quiet service can still retry.
+    min_retries_per_s: float = Field(rb.DEFAULT_MIN_RETRIES_PER_S, ge=0.0, le=10_000.0)
+    max_attempts: int = Field(3, ge=1, le=10)
+    backoff_base_ms: int = Field(10, ge=0, le=60_000)
+    backoff_max_ms: int = Field(200, ge=0, le=60_000)
+    #: Buffer responses so a failed attempt can be replaced (streaming gives up retries).
+    buffer_responses: bool = True
+    #: Responses larger than this are streamed (and can no longer be retried).
+    max_buffer_bytes: int = Field(4 * 1024 * 1024, ge=0, le=2**34)
+    #: Upstream statuses worth another attempt (connect errors and timeouts always are).
+    retry_statuses: tuple[int, ...] = DEFAULT_RETRY_STATUSES
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _statuses(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in v if not 500 <= s <= 599]
+        if bad:
+            raise ValueError(f"retry statuses must be 5xx (500..599), got {bad}")
+        return v
+
+
+class CapacityConfig(Frozen):
+    """A cap on what the gateway holds in total."""
+
+    #: In flight plus queued; beyond it a request is shed at once.
+    max_held_requests: int = Field(4_096, ge=1, le=1_000_000)
+    #: Request and response bytes buffered in memory.
+    max_buffered_bytes: int = Field(128 * 1024 * 1024, ge=0, le=2**36)
+    #: Share of max_held_requests only the critical tier may use.
+    reserved_fraction: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class ShedConfig(Frozen):
+    """Shed responses."""
+
+    status: int = Field(429, ge=400, le=599)
+    #: Relative jitter applied to Retry-After.
+    retry_after_jitter: float = Field(0.25, ge=0.0, le=1.0)

@@ -1,0 +1,75 @@
+"""Config sections of the process around the stages: admin, server, websockets, access log."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from ballast_asgi.config.base import Frozen, readable
+
+
+class AdminConfig(Frozen):
+    """Admin endpoints (see docs/security.md)."""
+
+    #: Enables POST /_ballast/reload; required as a bearer token.
+    token: str | None = None
+    #: Serve /_ballast/* on the traffic port too (false: only on the admin port).
+    on_traffic_port: bool = True
+    #: Require the bearer token on every admin endpoint except health.
+    token_required: bool = False
+
+    @model_validator(mode="after")
+    def _token(self) -> AdminConfig:
+        if self.token_required and not self.token:
+            raise ValueError("admin.token_required needs admin.token")
+        return self
+
+
+class ServerConfig(Frozen):
+    """The HTTP server under the ``ballast`` CLI (uvicorn; see docs/security.md)."""
+
+    #: Close a connection idle this long between requests.
+    keep_alive_ms: int = Field(5_000, ge=100, le=600_000)
+    #: Close a connection whose request head is not complete this long after it began.
+    header_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    #: Request-head bytes (request line and headers) allowed before 431.
+    max_header_bytes: int = Field(65_536, ge=1_024, le=16 * 1024 * 1024)
+    #: Open connections (and running requests) above which uvicorn answers 503.
+    max_connections: int = Field(10_000, ge=1, le=1_000_000)
+    #: PEM certificate chain and key: serve TLS (https) on the traffic and admin ports.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    #: On SIGTERM: health answers 503 ``draining`` and traffic is still served this long.
+    drain_grace_ms: int = Field(5_000, ge=0, le=600_000)
+    #: Then the listener closes; in-flight and queued requests get this long to finish.
+    shutdown_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
+
+    @model_validator(mode="after")
+    def _tls(self) -> ServerConfig:
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("server.ssl_keyfile needs server.ssl_certfile")
+        for key in ("ssl_certfile", "ssl_keyfile"):
+            readable(getattr(self, key), f"server.{key}")
+        return self
+
+
+class WebSocketConfig(Frozen):
+    """WebSocket upgrades, proxied to the upstream (ballast_asgi/proxy/websocket.py)."""
+
+    #: Proxy websocket upgrades; false: refuse them (403) with one log line each.
+    enabled: bool = True
+    #: Open websocket connections, counted apart from the concurrency limiter.
+    max_connections: int = Field(1_000, ge=1, le=1_000_000)
+    #: Share of max_connections only the critical tier may use.
+    reserved_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    #: Largest message accepted from the upstream (the client side: uvicorn's --ws-max-size).
+    max_message_bytes: int = Field(1_048_576, ge=1_024, le=64 * 1024 * 1024)
+    #: Time allowed for the upstream's opening handshake.
+    open_timeout_ms: int = Field(5_000, ge=1, le=600_000)
+
+
+class AccessLogConfig(Frozen):
+    """The optional JSON access log (ballast_asgi/access_log.py)."""
+
+    #: One JSON line per request on stdout (method, path, status, priority, shed
+    #: reason, queue wait, upstream, duration).
+    enabled: bool = False

@@ -237,6 +237,14 @@ def test_lease_size_and_sync_share() -> None:
     assert sync_share(0, 0, 4, 1000) == 0.25
 
 
+def test_sync_share_holds_room_for_peers_that_have_not_published() -> None:
+    """The first of two gateways to sync a new key gets half the limit, not all of it."""
+    assert sync_share(750, 750, 2, 1000) == 0.875  # the silent peer counted as offering nothing
+    assert sync_share(750, 750, 2, 1000, published=1) == pytest.approx(0.5)
+    assert sync_share(300, 300, 2, 1000, published=1) == pytest.approx(0.5)
+    assert sync_share(300, 900, 3, 1000, published=3) == pytest.approx((300 + 100 / 3) / 1000)
+
+
 def test_ratelimit_cores_import_only_the_standard_library() -> None:
     """A fresh interpreter importing every core module loads no third-party package."""
     mods = sorted(p.stem for p in (ROOT / "ballast_asgi/ratelimit/core").glob("*.py"))

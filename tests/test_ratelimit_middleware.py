@@ -169,3 +169,20 @@ def test_env_redis_url_overrides_the_file() -> None:
     """BALLAST_REDIS_URL wins over rate_limit.redis_url."""
     cfg = load_config(env={"BALLAST_UPSTREAM": "http://u:1", "BALLAST_REDIS_URL": "redis://r:7/2"})
     assert cfg.rate_limit.redis_url == "redis://r:7/2"
+
+
+async def test_admitted_responses_carry_the_ratelimit_headers_unless_refused_only() -> None:
+    """By default a 200 says how much is left; ``headers: refused`` keeps them on 429s only."""
+    client, _, _ = _stack({"rate_per_s": 2, "burst": 3})
+    async with client:
+        first = await client.get("/")
+        second = await client.get("/")
+    assert first.headers["ratelimit-policy"] == '"default";q=2;w=1'
+    assert first.headers["ratelimit"] == '"default";r=2;t=1'
+    assert second.headers["ratelimit"] == '"default";r=1;t=1'
+    client, _, _ = _stack({"rate_per_s": 2, "burst": 1, "headers": "refused"})
+    async with client:
+        ok = await client.get("/")
+        shed = await client.get("/")
+    assert "ratelimit" not in ok.headers and "ratelimit-policy" not in ok.headers
+    assert shed.status_code == 429 and shed.headers["ratelimit"] == '"default";r=0;t=1'

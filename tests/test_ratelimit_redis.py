@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 
+from ballast_asgi.core.types import Clock
 from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
 from ballast_asgi.ratelimit.config import RateLimitConfig
 from ballast_asgi.ratelimit.core.gcra import Limits
 from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
+from ballast_asgi.ratelimit.lease import LeaseLimiter
 from experiments.ratelimit.delayproxy import DelayProxy
 from experiments.ratelimit.redisproc import RedisProcess, free_port, redis_server, start_redis
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -27,9 +30,11 @@ def redis() -> Iterator[RedisProcess]:
         yield server
 
 
-def _limiter(url: str, mode: str, prefix: str, **extra: Any) -> RateLimiter:
+def _limiter(
+    url: str, mode: str, prefix: str, clock: Clock = time.monotonic, **extra: Any
+) -> RateLimiter:
     cfg = RateLimitConfig(enabled=True, mode=mode, redis_url=url, key_prefix=prefix, **extra)  # type: ignore[arg-type]
-    return make_limiter(cfg)
+    return make_limiter(cfg, clock=clock)
 
 
 async def _drive(limiters: list[RateLimiter], n: int, limits: Limits, gap_s: float = 0.0) -> int:
@@ -91,7 +96,10 @@ async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> 
     """With Redis gone decisions come fast from limit/live; after restart the charge lands."""
     server = start_redis()
     port = server.port
-    lim = _limiter(server.url, "redis", uuid.uuid4().hex, redis_timeout_ms=50, charge_back=True)
+    clock = FakeClock()  # the breaker's open time and the local share move only when told
+    lim = _limiter(
+        server.url, "redis", uuid.uuid4().hex, clock, redis_timeout_ms=50, charge_back=True
+    )
     limits = Limits(1.0, 10)
     try:
         await lim.client.warm_up()  # type: ignore[attr-defined]
@@ -108,7 +116,7 @@ async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> 
         assert lim.breaker_state() in ("open", "half_open")
         server = start_redis(port)
         await lim.client.warm_up()  # type: ignore[attr-defined]
-        await asyncio.sleep(0.15)  # let the breaker's open time pass (100 ms)
+        clock.advance(0.15)  # past the breaker's open time (100 ms)
         decision = await lim.decide("k", limits)
         for _ in range(100):
             if lim.stats.charged_back:
@@ -194,11 +202,18 @@ async def test_lease_gives_back_unspent_tokens(redis: RedisProcess) -> None:
     """An expired lease's unspent tokens return to the shared bucket for another gateway."""
     prefix = uuid.uuid4().hex
     extra = {"redis_timeout_ms": 1000, "lease": {"ttl_ms": 30, "max_tokens": 8}}
-    a, b = (_limiter(redis.url, "lease", prefix, **extra) for _ in range(2))
+    clock = FakeClock()
+    a, b = (_limiter(redis.url, "lease", prefix, clock, **extra) for _ in range(2))
+    assert isinstance(a, LeaseLimiter)
     limits = Limits(0.1, 10)
     try:
         assert (await a.decide("k", limits)).allowed
-        await asyncio.sleep(0.1)  # longer than the lease ttl; the sweep gives back
+        clock.advance(0.031)  # past the lease ttl
+        await a.sweep()
+        for _ in range(200):
+            if a.stats.redis_calls[("give_back", "ok")]:
+                break
+            await asyncio.sleep(0.005)  # the give-back call runs in the background
         got = [(await b.decide("k", limits)).allowed for _ in range(12)]
         assert sum(got) == 9  # 10 - the one a spent
         assert a.stats.lease_tokens_returned >= 1

@@ -13,7 +13,12 @@ headers on the shed response
 
 ``q``/``w`` state the sustained rate as a quota per window, ``r`` the whole
 tokens left and ``t`` the seconds until the next request would be admitted.
-On ``lifespan.shutdown`` the driver stops its loops and closes its connections.
+Admitted responses carry the same two headers (``rate_limit.headers: all``,
+the default) so a client can pace itself before it is refused;
+``refused`` keeps them on 429s only.
+On ``lifespan.startup`` a shared driver starts its loops and counts the live
+gateways (bounded), so it does not decide as if alone until its first
+heartbeat; on ``lifespan.shutdown`` it stops its loops and closes its connections.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class RateLimitMiddleware:
         key, limits = rt.resolver.resolve(scope)
         decision = await rt.limiter.decide(key, limits)
         if decision.allowed:
+            if rt.config.headers == "all":
+                reset = max(0, math.ceil(decision.reset_s))
+                send = _add_headers(send, rate_limit_headers(decision, reset))
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
@@ -60,7 +68,9 @@ class RateLimitMiddleware:
     def _closing_on_shutdown(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:
             message = await receive()
-            if message.get("type") == "lifespan.shutdown":
+            if message.get("type") == "lifespan.startup":
+                await self.runtime.start()
+            elif message.get("type") == "lifespan.shutdown":
                 await self.runtime.close()
             return message
 

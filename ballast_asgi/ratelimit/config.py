@@ -61,7 +61,8 @@ class LeaseConfig(_Frozen):
     #: Unspent tokens go back this long after the grant.
     ttl_ms: int = Field(500, ge=1, le=600_000)
     min_tokens: int = Field(1, ge=1, le=1_000_000)
-    #: Default (null): the burst divided by the live gateways.
+    #: Default (null): the larger of the burst and one window of the rate, divided by
+    #: the live gateways (Redis never grants more than the bucket holds).
     max_tokens: int | None = Field(None, ge=1, le=1_000_000)
 
 
@@ -101,6 +102,9 @@ class RateLimitConfig(_Frozen):
     charge_back: bool = True
     routes: tuple[RateLimitRoute, ...] = ()
     overrides: tuple[RateLimitOverride, ...] = ()
+    #: ``all``: RateLimit-Policy/RateLimit on every response of a limited key;
+    #: ``refused``: only on the 429s.
+    headers: Literal["all", "refused"] = "all"
     lease: LeaseConfig = LeaseConfig()
     breaker: RedisBreakerConfig = RedisBreakerConfig()
 

@@ -28,6 +28,10 @@ class RateLimiter(Protocol):
         """Admit or refuse one request for ``key``."""
         ...
 
+    async def start(self) -> None:
+        """Start background work and learn the live gateways (bounded; never raises)."""
+        ...
+
     async def close(self) -> None:
         """Stop background work and release connections."""
         ...

@@ -4,8 +4,9 @@ Per key a gateway holds a lease: whole tokens already taken from the shared
 Redis bucket (so spending them needs no call) that lapse ``ttl_s`` after the
 grant; unspent tokens then go back (``GIVE_BACK``). The batch size is what this
 gateway spent recently in one lease window (``accounting.lease_size``), capped
-by ``max_tokens`` (default: the burst divided by the live gateways, so one
-gateway cannot hold the whole bucket).
+by ``max_tokens`` (default: the larger of the burst and one window of the
+rate, divided by the live gateways, so one gateway cannot hold the whole
+bucket; Redis grants at most what the bucket holds).
 
 When the lease falls below a quarter of its size a refill starts in the
 background, so the request path rarely waits. A request that finds no tokens
@@ -18,6 +19,7 @@ request is decided on the gateway's share and charged back later.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +125,8 @@ class LeaseLimiter(SharedBase):
 
     def size_for(self, lease: Lease, limits: Limits, now: float) -> int:
         """Tokens to ask for: recent spend over one window, within the bounds."""
-        cap = self.max_tokens or max(1, limits.burst // max(1, self.live))
+        room = max(limits.burst, math.floor(limits.rate_per_s * self.window_s))
+        cap = self.max_tokens or max(1, room // max(1, self.live))
         return lease_size(lease.demand.rate(now), self.window_s, self.min_tokens, cap)
 
     async def _refill(self, key: str, lease: Lease, limits: Limits) -> None:

@@ -51,6 +51,9 @@ class LocalLimiter:
         self.stats.decided(decision.allowed, "local")
         return decision
 
+    async def start(self) -> None:
+        """Nothing to start."""
+
     async def close(self) -> None:
         """Nothing to release."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from ballast_asgi.core.types import Clock
@@ -39,12 +40,29 @@ class RateLimitRuntime:
         if any(getattr(old, k) != getattr(config, k) for k in _DRIVER_KEYS):
             retired, self.limiter = self.limiter, make_limiter(config, clock=self.clock)
             with contextlib.suppress(RuntimeError):  # no running loop: nothing was started
-                task = asyncio.get_running_loop().create_task(retired.close())
-                self._retired.add(task)
-                task.add_done_callback(self._retired.discard)
+                self._background(retired.close())
+                self._background(self.limiter.start())
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:
+            coro.close()
+            raise
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def drain_background(self) -> None:
+        """Wait for the reload's start/close tasks (tests, and an orderly shutdown)."""
+        await asyncio.gather(*self._retired, return_exceptions=True)
+
+    async def start(self) -> None:
+        """Start the current driver (its loops, and a first count of live gateways)."""
+        await self.limiter.start()
 
     async def close(self) -> None:
-        """Stop the current driver."""
+        """Stop the current driver (after a reload's pending start and close)."""
+        await self.drain_background()
         await self.limiter.close()
 
     def snapshot(self) -> dict[str, Any]:

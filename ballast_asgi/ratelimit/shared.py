@@ -80,6 +80,18 @@ class SharedBase:
             self.spawn(self._warm_then_beat())
             self.start_loops()
 
+    async def start(self) -> None:
+        """Start the loops and count the live gateways before the first decision.
+
+        Called on ``lifespan.startup`` (and for a driver built by a reload), so a
+        gateway does not decide as if it were alone until its first periodic
+        heartbeat. Bounded by the background deadline; a Redis that does not
+        answer leaves ``live`` at 1 and the loops retry.
+        """
+        self.ensure_started()
+        with contextlib.suppress(RedisUnavailable, Missed, TimeoutError):
+            await asyncio.wait_for(self.heartbeat(), BACKGROUND_TIMEOUT_S)
+
     async def _warm_then_beat(self) -> None:
         with contextlib.suppress(RedisUnavailable, TimeoutError):
             await asyncio.wait_for(self.client.warm_up(), BACKGROUND_TIMEOUT_S)

@@ -34,11 +34,21 @@ from ballast_asgi.ratelimit.core.table import KeyTable
 from ballast_asgi.ratelimit.shared import BACKGROUND_TIMEOUT_S, SharedBase
 
 
-def sync_share(mine: float, total: float, live: int, rate: float) -> float:
-    """This gateway's fraction of ``rate``: demand plus an even part of the headroom."""
+def sync_share(
+    mine: float, total: float, live: int, rate: float, published: int | None = None
+) -> float:
+    """This gateway's fraction of ``rate``: demand plus an even part of the headroom.
+
+    ``published`` gateways reported demand for the key; the other ``live -
+    published`` (just started, or new to the key) are assumed to offer the
+    average of those, so one gateway never takes the whole limit because its
+    peers have not spoken yet.
+    """
     live = max(1, live)
     if total <= 0:
         return 1.0 / live
+    if published is not None and 0 < published < live:
+        total = total * live / published
     if total < rate:
         return min(1.0, (mine + (rate - total) / live) / rate)
     return max(1e-3, mine / total)
@@ -53,6 +63,10 @@ class SyncState:
     limits: Limits
     unsynced: int = 0
     last_seen: float = 0.0
+    #: The demand this gateway published at its last sync: its share is computed from
+    #: this same number, not from a new estimate taken after the round trip (requests
+    #: that arrived meanwhile would make it disagree with what the peers read).
+    published: float = 0.0
     demand: RateEstimate = field(default_factory=lambda: RateEstimate(0.5))
 
 
@@ -136,16 +150,21 @@ class SyncLimiter(SharedBase):
         self, key: str, state: SyncState, now: float, since: float
     ) -> tuple[str, list[str], list[Any]]:
         lim = state.limits
+        state.published = round(state.demand.rate(now), 3)
         args = [
             repr(lim.interval_s), repr(lim.tau_s), state.unsynced, self.id,
-            f"{state.demand.rate(now):.3f}", self.stale_s, f"{state.share:.6f}", f"{since:.6f}",
+            f"{state.published:.3f}", self.stale_s, f"{state.share:.6f}", f"{since:.6f}",
         ]  # fmt: skip
         return "sync", [self.key("b", key), self.key("d", key)], args
 
     def _apply(self, state: SyncState, reply: Any, now: float) -> None:
-        total, live, taken = float(reply[0]), int(reply[1]), float(reply[2])
-        mine = state.demand.rate(now)
-        state.share = sync_share(mine, total, live, state.limits.rate_per_s)
+        total, published, taken = float(reply[0]), int(reply[1]), float(reply[2])
+        # A peer that has not yet published demand for this key (a new key, a gateway
+        # that just started) still counts: its share of the headroom is held for it,
+        # so the first sync of a key does not hand the whole limit to one gateway.
+        live = max(published, self.live)
+        share = sync_share(state.published, total, live, state.limits.rate_per_s, published)
+        state.share = share
         if taken > 0:
             state.tat = max(state.tat, now) + taken / state.share
 

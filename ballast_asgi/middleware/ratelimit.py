@@ -98,3 +98,14 @@ def rate_limit_shed(decision: Decision, priority: Priority) -> Shed:
     retry_after = max(1, math.ceil(decision.retry_after_s))
     headers = tuple(rate_limit_headers(decision, retry_after))
     return Shed(ShedReason.RATE_LIMITED, priority, retry_after, headers)
+
+
+def _add_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` with ``extra`` appended to the response head's headers."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return wrapped

@@ -43,7 +43,12 @@ from ballast_asgi.core.classify import Classifier
 from ballast_asgi.core.connections import ConnectionCap
 from ballast_asgi.core.deadline import DEADLINE_HEADER, absolute_deadline
 from ballast_asgi.core.errors import HeaderError
-from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.outcome import (
+    DEFAULT_FAILURE_STATUSES,
+    AttemptOutcome,
+    ShedReason,
+    status_outcome,
+)
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
@@ -148,22 +153,47 @@ class WebSocketProxy:
             await upstream.close()
 
     async def _open(self, scope: Scope, deadline: float | None) -> ClientConnection:
+        """The upstream connection; the handshake's outcome is reported to the selector.
+
+        The attempt ends at the handshake, as an HTTP attempt ends at its
+        response head: a pooled instance's permit and outlier statistics cover
+        the upgrade, not the minutes the connection may then live.
+        """
         target = self.selector.choose(None)
         url = target.url(raw_target(scope)).copy_with(
             scheme="wss" if target.scheme == "https" else "ws"
         )
+        start = self.clock()
         timeout = self.config.open_timeout_ms / 1000.0
+        by_deadline = deadline is not None and deadline - start < timeout
         if deadline is not None:
-            timeout = max(0.001, min(timeout, deadline - self.clock()))
+            timeout = max(0.001, min(timeout, deadline - start))
+        outcome = AttemptOutcome.GATEWAY_ERROR
         try:
-            return await asyncio.wait_for(self._connect(str(url), scope), timeout)
+            connection: ClientConnection = await asyncio.wait_for(
+                self._connect(str(url), scope), timeout
+            )
+            outcome = AttemptOutcome.SUCCESS
+            return connection
         except TimeoutError:
+            outcome = AttemptOutcome.DEADLINE if by_deadline else AttemptOutcome.TIMEOUT
             raise _Refused(504, {"error": "gateway_timeout"}, "upstream_timeout") from None
         except InvalidStatus as exc:
             status = exc.response.status_code
+            outcome = status_outcome(status, DEFAULT_FAILURE_STATUSES)
             raise _Refused(status, {"error": "upstream_refused"}, "upstream_refused") from None
-        except (OSError, WebSocketException):
+        except OSError:
+            outcome = AttemptOutcome.CONNECT_ERROR
             raise _Refused(502, {"error": "bad_gateway"}, "upstream_error") from None
+        except WebSocketException:
+            outcome = AttemptOutcome.PROTOCOL_ERROR
+            raise _Refused(502, {"error": "bad_gateway"}, "upstream_error") from None
+        except asyncio.CancelledError:
+            outcome = AttemptOutcome.CLIENT_GONE
+            raise
+        finally:
+            now = self.clock()
+            self.selector.report(target, outcome, now - start, now)
 
     def _connect(self, url: str, scope: Scope) -> Any:
         secure = scope.get("scheme") == "wss"

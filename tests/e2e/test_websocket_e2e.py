@@ -188,3 +188,29 @@ def test_echo_through_the_cli(echo: tuple[Echo, str], tmp_path: Path) -> None:
             assert ws.recv(timeout=5) == "via cli"
     finally:
         stop_process(proc)
+
+
+def test_pooled_upgrades_settle_at_the_handshake_and_eject_a_dead_instance(
+    echo: tuple[Echo, str],
+) -> None:
+    """An open websocket holds no instance lease; failed handshakes count against the instance."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    with gateway([echo[1], dead], upstreams={"health_check": {"enabled": False}}) as (port, gw):
+        selector = gw.pool.selector
+        url = f"ws://127.0.0.1:{port}/"
+        codes = []
+        for _ in range(30):
+            try:
+                with connect(url) as ws:
+                    ws.send("hi")
+                    assert ws.recv(timeout=5) == "hi"
+                    assert selector.open_leases() == 0  # settled at the handshake
+                    codes.append(101)
+            except InvalidStatus as exc:
+                codes.append(exc.response.status_code)
+        dead_state = next(u for u in gw.pool.snapshot() if u["url"] == dead)
+    assert set(codes) <= {101, 502} and 0 < codes.count(502) <= 5
+    assert codes[-10:] == [101] * 10  # ejected after its consecutive failures
+    assert dead_state["ejected"] and dead_state["ejections"] == 1
+    assert dead_state["failures"] == codes.count(502)
+    assert selector.reaped == 0 and selector.open_leases() == 0

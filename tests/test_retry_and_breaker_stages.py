@@ -316,6 +316,26 @@ async def test_post_is_not_retried_without_idempotency_key() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["timeout", "protocol"])
+async def test_post_is_not_retried_after_the_request_may_have_been_sent(kind: str) -> None:
+    """A timeout or a reset may come after the upstream saw the POST: one attempt only."""
+    h = Harness([upstream_error(kind, 504 if kind == "timeout" else 502), ok(201)])
+    async with h.client() as client:
+        r = await client.post("/", content=b"payload")
+    assert r.status_code in (502, 504) and len(h.calls) == 1
+
+
+@pytest.mark.anyio
+async def test_post_is_retried_after_a_connect_error_with_the_same_body() -> None:
+    """No connection was made, so the upstream saw nothing: any method may go again."""
+    h = Harness([upstream_error("connect", 502), ok(201)])
+    async with h.client() as client:
+        r = await client.post("/", content=b"payload")
+    assert r.status_code == 201
+    assert [c["body"] for c in h.calls] == [b"payload", b"payload"]
+
+
+@pytest.mark.anyio
 async def test_post_with_idempotency_key_is_retried_with_the_same_body() -> None:
     """An Idempotency-Key makes POST retryable, and the body is replayed byte for byte."""
     h = Harness([upstream_error("connect", 502), ok(201)])

@@ -3,10 +3,13 @@
 Sits outside ``BreakerMiddleware`` (which holds one breaker ticket per attempt)
 and inside the concurrency stage (one permit covers every attempt). Per request:
 
-1. One attempt only (a plain pass-through) when retries are off, the method is
-   not idempotent (GET HEAD OPTIONS PUT DELETE, or an ``Idempotency-Key``
-   header), or the request has a body the body stage could not buffer
-   (``ctx.body is None``): such a body cannot be replayed.
+1. One attempt only (a plain pass-through) when retries are off or the
+   request has a body the body stage could not buffer (``ctx.body is None``):
+   such a body cannot be replayed. A request whose method is not idempotent
+   (GET HEAD OPTIONS PUT DELETE, or an ``Idempotency-Key`` header) is retried
+   only after a ``CONNECT_ERROR``: the connection was never made, so the
+   upstream saw nothing (Envoy's ``connect-failure``), and with a pool the
+   next attempt goes to another instance.
 2. Otherwise every attempt after the first replays ``ctx.body`` (empty when
    the request has none). When the attempt's response
    head arrives, its ``AttemptOutcome`` (recorded by the proxy or app before
@@ -113,16 +116,15 @@ class RetryMiddleware:
     def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
         if self._max_attempts <= 1 or ctx.would_shed:
             return False
-        if ctx.head.has_body and ctx.body is None:
-            return False
-        return scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key
+        return not (ctx.head.has_body and ctx.body is None)
 
     async def _attempts(
         self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
     ) -> None:
         inner = receive  # the first attempt reads the request as it comes
+        idempotent = bool(scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key)
         while True:
-            attempt = _Attempt(self, ctx, send)
+            attempt = _Attempt(self, ctx, send, idempotent)
             error: Exception | None = None
             try:
                 await self.app(scope, inner, attempt.send)
@@ -148,10 +150,14 @@ class RetryMiddleware:
         return self._gate(attempt.ctx, self._clock())
 
     # -- the decision at the head ----------------------------------------------
-    def plan(self, ctx: RequestContext, status: int | None) -> float | None:
+    def plan(
+        self, ctx: RequestContext, status: int | None, idempotent: bool = True
+    ) -> float | None:
         """The backoff before another attempt, or None to keep this one."""
         outcome = ctx.outcome
         if outcome is None or not is_retryable(outcome) or ctx.attempt + 1 >= self._max_attempts:
+            return None
+        if not idempotent and outcome is not AttemptOutcome.CONNECT_ERROR:
             return None
         if outcome is AttemptOutcome.STATUS_5XX and status not in self._retry_statuses:
             return None
@@ -196,11 +202,14 @@ class RetryMiddleware:
 class _Attempt:
     """One attempt: commits or holds its response at the head."""
 
-    __slots__ = ("_stage", "ctx", "delay_s", "response")
+    __slots__ = ("_stage", "ctx", "delay_s", "idempotent", "response")
 
-    def __init__(self, stage: RetryMiddleware, ctx: RequestContext, send: Send) -> None:
+    def __init__(
+        self, stage: RetryMiddleware, ctx: RequestContext, send: Send, idempotent: bool
+    ) -> None:
         self._stage = stage
         self.ctx = ctx
+        self.idempotent = idempotent
         self.delay_s = 0.0
         self.response = HeldResponse(
             send, hold=False, limit_bytes=stage._hold_bytes, on_bytes=stage.hold_bytes
@@ -216,7 +225,7 @@ class _Attempt:
             status = int(message["status"])
             self.response.status = status
             self._stage.count_head(self.ctx)
-            delay_s = self._stage.plan(self.ctx, status)
+            delay_s = self._stage.plan(self.ctx, status, self.idempotent)
             if delay_s is not None:
                 self.delay_s = delay_s
                 self.response.committed = False
@@ -226,7 +235,7 @@ class _Attempt:
         """An attempt raised: retry it if nothing was sent and its outcome allows."""
         if self.response.status is not None:
             return not self.response.committed  # already planned at its head
-        delay_s = self._stage.plan(self.ctx, None)
+        delay_s = self._stage.plan(self.ctx, None, self.idempotent)
         if delay_s is None:
             return False
         self.delay_s = delay_s

@@ -53,13 +53,18 @@ def pool_gateway(urls: list[str]) -> Iterator[str]:
         stop_process(proc)
 
 
-async def _traffic(client: httpx.AsyncClient, seconds: float, rate: float) -> Counter[int]:
-    """Open-loop-ish GETs at ``rate`` for ``seconds``: the statuses (0 = transport error)."""
+async def _traffic(
+    client: httpx.AsyncClient, seconds: float, rate: float, posts: bool = False
+) -> Counter[int]:
+    """Open-loop-ish requests at ``rate`` for ``seconds`` (every other one a POST with a
+    body when ``posts``): the statuses (0 = transport error)."""
     statuses: Counter[int] = Counter()
 
-    async def one() -> None:
+    async def one(method: str) -> None:
+        body = b"order=42" if method == "POST" else None
         try:
-            statuses[(await client.get("/work", timeout=5.0)).status_code] += 1
+            r = await client.request(method, "/work", content=body, timeout=5.0)
+            statuses[r.status_code] += 1
         except httpx.HTTPError:
             statuses[0] += 1
 
@@ -67,7 +72,7 @@ async def _traffic(client: httpx.AsyncClient, seconds: float, rate: float) -> Co
     start = time.monotonic()
     for i in range(int(seconds * rate)):
         await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-        tasks.append(asyncio.ensure_future(one()))
+        tasks.append(asyncio.ensure_future(one("POST" if posts and i % 2 else "GET")))
     await asyncio.gather(*tasks)
     return statuses
 
@@ -77,15 +82,17 @@ async def _attempts(client: httpx.AsyncClient) -> list[int]:
     return [u["requests"] for u in snap["upstreams"]]
 
 
-async def _scenario(base: str, break_it: object) -> tuple[Counter[int], list[int], list[int], dict]:
+async def _scenario(
+    base: str, break_it: object, posts: bool = False
+) -> tuple[Counter[int], list[int], list[int], dict]:
     async with httpx.AsyncClient(base_url=base) as client:
         before = await _attempts(client)
-        fair = await _traffic(client, 1.5, 100)
+        fair = await _traffic(client, 1.5, 100, posts)
         spread = [b - a for a, b in zip(before, await _attempts(client), strict=True)]
         await asyncio.to_thread(break_it)  # type: ignore[arg-type]
-        broken = await _traffic(client, 2.0, 100)
+        broken = await _traffic(client, 2.0, 100, posts)
         mark = await _attempts(client)
-        late = await _traffic(client, 1.5, 100)
+        late = await _traffic(client, 1.5, 100, posts)
         tail = [b - a for a, b in zip(mark, await _attempts(client), strict=True)]
         snap = (await client.get("/_ballast/snapshot")).json()
     assert fair == Counter({200: 150})
@@ -112,11 +119,16 @@ def test_503_source_is_isolated_within_two_seconds() -> None:
 
 
 def test_stopped_instance_costs_no_client_failure() -> None:
-    """A killed instance (connection refused) is retried elsewhere and taken out."""
+    """A killed instance (connection refused) is retried elsewhere and taken out.
+
+    Half the requests are POSTs: a refused connection means the upstream saw
+    nothing, so they are retried on another instance too.
+    """
     with ExitStack() as stack:
         sims = [stack.enter_context(simulator()) for _ in range(3)]
         base = stack.enter_context(pool_gateway([url for url, _, _ in sims]))
-        statuses, _, tail, snap = asyncio.run(_scenario(base, lambda: stop_process(sims[0][2])))
+        stop = lambda: stop_process(sims[0][2])  # noqa: E731
+        statuses, _, tail, snap = asyncio.run(_scenario(base, stop, posts=True))
     assert statuses == Counter({200: 350}), statuses
     assert tail[0] == 0
     assert snap["upstreams"][0]["ejections"] >= 1 or not snap["upstreams"][0]["healthy"]

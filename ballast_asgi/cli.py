@@ -222,8 +222,13 @@ def _workers(
     settings = {**uvicorn_settings(first.config.server), **kw}
 
     def run(index: int, traffic: socket.socket, worker_admin: socket.socket) -> None:
-        first.set_worker(index, args.workers)  # a forked copy: nothing is shared
-        _run(serve_gateway(first, traffic, worker_admin, **kw))
+        # Built after the fork, from the validated (scaled) config: a forked copy of the
+        # parent's gateway would give every worker the same random generators (the same
+        # p2c draws, jitter and canary split) and the same rate-limit heartbeat id, so
+        # Redis would count N workers as one live gateway.
+        gateway = build_gateway(first.config, config_path=args.config, overrides=_overrides(args))
+        gateway.set_worker(index, args.workers)
+        _run(serve_gateway(gateway, traffic, worker_admin, **kw))
 
     return run_workers(args.workers, traffic, admin, run, settings)
 

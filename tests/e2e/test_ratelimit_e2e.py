@@ -184,3 +184,40 @@ def test_killing_redis_degrades_to_local_decisions(
     assert set(before + after) <= {200, 429} and worst < 0.5
     degraded = sum(s["decisions"].get("allowed/degraded", 0) for s in snaps)
     assert degraded >= 1 and after.count(429) >= 1
+
+
+@pytest.mark.parametrize("mode", ["redis", "lease"])
+def test_ballast_workers_share_one_limit_through_redis(
+    tmp_path: Path, upstream: str, redis: RedisProcess, mode: str
+) -> None:
+    """`ballast --workers 2` in a shared mode: one burst across both workers, each a live peer."""
+    section = {"enabled": True, "mode": mode, "redis_url": redis.url, "key": "header:X-Tenant",
+               "rate_per_s": 0.01, "burst": 10, "redis_timeout_ms": 1000}  # fmt: skip
+    config = tmp_path / "workers.yaml"
+    config.write_text(yaml.safe_dump({"upstream": upstream, "rate_limit": section,
+                                      "server": {"drain_grace_ms": 0}}))  # fmt: skip
+    port, admin = free_port(), free_port()
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+            str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{admin}/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        codes = []
+        for _ in range(30):
+            with httpx.Client() as client:  # a new connection each time: both workers serve
+                r = client.get(f"http://127.0.0.1:{port}/x", headers={"X-Tenant": "t1"})
+                codes.append(r.status_code)
+        for _ in range(100):  # both started at once: the next heartbeat (1 s) counts the peer
+            snap = httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()
+            if all(w["rate_limit"]["live_gateways"] == 2 for w in snap["workers"]):
+                break
+            time.sleep(0.05)
+    finally:
+        stop_process(proc)
+    workers = [w["rate_limit"] for w in snap["workers"]]
+    served = [sum(w["decisions"].get(k, 0) for k in w["decisions"]) for w in workers]
+    assert codes.count(200) == 10 and codes.count(429) == 20, codes
+    assert [w["live_gateways"] for w in workers] == [2, 2]
+    assert all(n > 0 for n in served), served  # both workers decided some of them
+    assert all(w["decisions"].get("allowed/degraded", 0) == 0 for w in workers)

@@ -1,9 +1,17 @@
 """Test fakes shared by the suite: a controllable clock, a recording limit, tiny upstreams.
 
+Upstreams: ``StatusUpstream`` (a fixed status, counts calls, records the outcome),
+``EchoUpstream`` (echoes the body, records the order served) as ASGI apps;
+``EchoHandler`` and ``HoldingHandler`` as ``httpx.MockTransport`` handlers.
+
 Fakes, not mocks: each is a small real implementation of the seam it stands in for.
 """
 
 from __future__ import annotations
+
+import asyncio
+
+import httpx
 
 from ballast_asgi.core.limit import FixedLimit, Sample
 from ballast_asgi.core.types import Message, Receive, Scope, Send
@@ -55,6 +63,66 @@ class StatusUpstream:
             ctx.record_status(self.status)
         await send({"type": "http.response.start", "status": self.status, "headers": []})
         await send({"type": "http.response.body", "body": self.body})
+
+
+class EchoUpstream:
+    """An in-process upstream app: answers 200 with the request body (else the path).
+
+    It reads the whole body first and records the paths in the order it served them.
+    """
+
+    def __init__(self) -> None:
+        self.served: list[str] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.served.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body or scope["path"].encode()})
+
+
+class EchoHandler:
+    """An ``httpx.MockTransport`` handler: counts calls, echoes the path and X-Deadline-Ms."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        deadline = request.headers.get("x-deadline-ms", "")
+        return httpx.Response(200, json={"path": request.url.path, "deadline": deadline})
+
+
+class HoldingHandler:
+    """An async ``httpx.MockTransport`` handler that parks requests until ``gate`` is set.
+
+    Paths starting with ``hold`` wait (bounded by ``wait_s``); it records the
+    arrival order and the most requests it held at once (``peak``).
+    """
+
+    def __init__(self, hold: str = "/", wait_s: float = 5.0) -> None:
+        self.hold = hold
+        self.wait_s = wait_s
+        self.gate = asyncio.Event()
+        self.arrived: list[str] = []
+        self.active = 0
+        self.peak = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.arrived.append(request.url.path)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            if request.url.path.startswith(self.hold):
+                await asyncio.wait_for(self.gate.wait(), self.wait_s)
+        finally:
+            self.active -= 1
+        return httpx.Response(200, json={"path": request.url.path})
 
 
 def request_messages(body: bytes = b"", chunk: int = 0) -> list[Message]:

@@ -7,25 +7,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast_asgi.admin import AdminRouter
-from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
+from tests.fakes import StatusUpstream
 
 pytestmark = pytest.mark.anyio
 
 
-class Upstream:
-    """A raw ASGI app that counts calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.calls += 1
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"app"})
-
-
-def _router(app: Upstream | None, token: str | None = None) -> AdminRouter:
+def _router(app: StatusUpstream | None, token: str | None = None) -> AdminRouter:
     metrics = null_metrics()
     metrics.bind_limiter(lambda: 7, lambda: 3)
 
@@ -48,7 +36,7 @@ def _client(app: AdminRouter) -> httpx.AsyncClient:
 
 async def test_metrics_parse_and_never_reach_app() -> None:
     """/_ballast/metrics is valid Prometheus text and is not proxied."""
-    up = Upstream()
+    up = StatusUpstream(body=b"app")
     async with _client(_router(up)) as c:
         r = await c.get("/_ballast/metrics")
     assert r.status_code == 200 and up.calls == 0
@@ -60,14 +48,14 @@ async def test_metrics_parse_and_never_reach_app() -> None:
 
 async def test_snapshot_and_health() -> None:
     """Snapshot is JSON; health says ok."""
-    async with _client(_router(Upstream())) as c:
+    async with _client(_router(StatusUpstream(body=b"app"))) as c:
         assert (await c.get("/_ballast/snapshot")).json() == {"limiter": {"limit": 7}}
         assert (await c.get("/_ballast/health")).json() == {"status": "ok"}
 
 
 async def test_other_paths_pass_through() -> None:
     """Everything outside the prefix goes to the app, including look-alikes."""
-    up = Upstream()
+    up = StatusUpstream(body=b"app")
     async with _client(_router(up)) as c:
         assert (await c.get("/api")).text == "app"
         assert (await c.get("/_ballastic")).text == "app"
@@ -85,13 +73,13 @@ async def test_admin_port_app_serves_root_paths() -> None:
 
 async def test_reload_disabled_without_token() -> None:
     """POST reload is 404 unless an admin token is configured."""
-    async with _client(_router(Upstream())) as c:
+    async with _client(_router(StatusUpstream(body=b"app"))) as c:
         assert (await c.post("/_ballast/reload")).status_code == 404
 
 
 async def test_reload_requires_token() -> None:
     """With a token: 401 without it, 200 with it, 405 for GET."""
-    async with _client(_router(Upstream(), token="s3cret")) as c:
+    async with _client(_router(StatusUpstream(body=b"app"), token="s3cret")) as c:
         assert (await c.post("/_ballast/reload")).status_code == 401
         bad = {"Authorization": "Bearer nope"}
         assert (await c.post("/_ballast/reload", headers=bad)).status_code == 401

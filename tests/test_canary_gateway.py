@@ -7,40 +7,34 @@ import pytest
 
 from ballast_asgi.config import load_config
 from ballast_asgi.gateway import Gateway, build_gateway
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.anyio
 TOKEN = "s3cret"
 
 
-class Clock:
-    """A manual monotonic clock: each request moves it by ``step`` seconds."""
-
-    def __init__(self, step: float = 0.05) -> None:
-        self.t = 1000.0
-        self.step = step
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class Versions:
-    """Stable (stable.test) answers 200; canary (canary.test) fails ``canary_fail`` of calls."""
+    """Stable (stable.test) answers 200; canary (canary.test) fails ``canary_fail`` of calls.
 
-    def __init__(self, clock: Clock, canary_fail: int = 0) -> None:
+    Each call moves the fake clock by ``step`` seconds.
+    """
+
+    def __init__(self, clock: FakeClock, canary_fail: int = 0, step: float = 0.05) -> None:
         self.clock = clock
+        self.step = step
         self.canary_fail = canary_fail
         self.calls = {"stable.test": 0, "canary.test": 0}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         self.calls[host] += 1
-        self.clock.t += self.clock.step
+        self.clock.advance(self.step)
         if host == "canary.test" and self.canary_fail and self.calls[host] % self.canary_fail == 0:
             return httpx.Response(500, json={"version": host})
         return httpx.Response(200, json={"version": host})
 
 
-def _gateway(up: Versions, clock: Clock, canary: str = "", admin: str = "") -> Gateway:
+def _gateway(up: Versions, clock: FakeClock, canary: str = "", admin: str = "") -> Gateway:
     overrides = {"upstream": "http://stable.test", "admin": {"token": admin or None}}
     if canary:
         overrides["canary"] = {"upstream": "http://canary.test", "weight": 0.3}
@@ -54,7 +48,7 @@ def _client(gw: Gateway) -> httpx.AsyncClient:
 
 async def test_responses_carry_the_version_that_served_them() -> None:
     """X-Ballast-Version names the upstream that answered; ~30 % go to the canary."""
-    clock = Clock()
+    clock = FakeClock()
     up = Versions(clock)
     async with _client(_gateway(up, clock, canary="on")) as c:
         seen = []
@@ -68,7 +62,7 @@ async def test_responses_carry_the_version_that_served_them() -> None:
 
 async def test_a_failing_canary_is_rolled_back_and_gets_no_more_traffic() -> None:
     """Every other canary request failing: rolled back on errors, then only stable serves."""
-    clock = Clock()
+    clock = FakeClock()
     up = Versions(clock, canary_fail=2)
     gw = _gateway(up, clock, canary="on")
     assert gw.canary is not None
@@ -79,7 +73,7 @@ async def test_a_failing_canary_is_rolled_back_and_gets_no_more_traffic() -> Non
                 break
         doc = (await c.get("/_ballast/canary")).json()
         assert doc["state"] == "rolled_back" and doc["weight"] == 0.0
-        assert clock.t - 1000.0 < 15.0
+        assert clock.now - 1000.0 < 15.0
         assert doc["decision"]["reason"] == "errors"
         assert doc["counts"]["canary"]["errors"] > 0
         before = up.calls["canary.test"]
@@ -92,8 +86,8 @@ async def test_a_failing_canary_is_rolled_back_and_gets_no_more_traffic() -> Non
 
 async def test_an_identical_canary_keeps_running() -> None:
     """Both versions healthy for a simulated minute: still running, counts on both sides."""
-    clock = Clock(step=0.2)
-    up = Versions(clock)
+    clock = FakeClock()
+    up = Versions(clock, step=0.2)
     async with _client(_gateway(up, clock, canary="on")) as c:
         for i in range(300):
             await c.get("/x", headers={"X-Request-Id": f"r{i}"})
@@ -104,7 +98,7 @@ async def test_an_identical_canary_keeps_running() -> None:
 
 async def test_no_canary_reports_none() -> None:
     """Without a canary section the endpoint says state none, and no header is added."""
-    clock = Clock()
+    clock = FakeClock()
     async with _client(_gateway(Versions(clock), clock)) as c:
         assert (await c.get("/_ballast/canary")).json()["state"] == "none"
         assert "x-ballast-version" not in (await c.get("/x")).headers
@@ -114,7 +108,7 @@ async def test_no_canary_reports_none() -> None:
 
 async def test_admin_actions_need_the_token() -> None:
     """promote/rollback: 404 without a token configured, 401 with a wrong one, 405 on GET."""
-    clock = Clock()
+    clock = FakeClock()
     async with _client(_gateway(Versions(clock), clock, canary="on")) as c:
         assert (await c.post("/_ballast/canary/rollback")).status_code == 404
     async with _client(_gateway(Versions(clock), clock, canary="on", admin=TOKEN)) as c:
@@ -131,7 +125,7 @@ async def test_admin_actions_need_the_token() -> None:
 
 async def test_promote_makes_the_canary_the_stable_version() -> None:
     """After promotion every request goes to the canary's upstream, labelled stable."""
-    clock = Clock()
+    clock = FakeClock()
     up = Versions(clock)
     async with _client(_gateway(up, clock, canary="on", admin=TOKEN)) as c:
         r = await c.post("/_ballast/canary/promote", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -144,7 +138,7 @@ async def test_promote_makes_the_canary_the_stable_version() -> None:
 
 async def test_metrics_per_version() -> None:
     """The scrape has per-version request counters, the weight and the state."""
-    clock = Clock()
+    clock = FakeClock()
     async with _client(_gateway(Versions(clock, canary_fail=3), clock, canary="on")) as c:
         for i in range(50):
             await c.get("/x", headers={"X-Request-Id": f"m{i}"})
@@ -157,7 +151,7 @@ async def test_metrics_per_version() -> None:
 
 async def test_canary_routes_follow_the_admin_placement() -> None:
     """admin.on_traffic_port false: /_ballast/canary is 404 there, /canary is on the admin port."""
-    clock = Clock()
+    clock = FakeClock()
     overrides = {"upstream": "http://stable.test", "admin": {"on_traffic_port": False},
                  "canary": {"upstream": "http://canary.test"}}  # fmt: skip
     config = load_config(env={}, overrides=overrides)

@@ -10,23 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ballast_asgi.config import load_config
 from ballast_asgi.gateway import Gateway, build_gateway
+from tests.fakes import EchoHandler
 
 pytestmark = pytest.mark.anyio
 
 
-class Upstream:
-    """A MockTransport handler that counts calls and echoes the deadline header."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.calls += 1
-        deadline = request.headers.get("x-deadline-ms", "")
-        return httpx.Response(200, json={"path": request.url.path, "deadline": deadline})
-
-
-def _gateway(up: Upstream, tmp_path: Path | None = None, text: str = "") -> Gateway:
+def _gateway(up: EchoHandler, tmp_path: Path | None = None, text: str = "") -> Gateway:
     if tmp_path is None:
         config = load_config(env={"BALLAST_UPSTREAM": "http://up.test"})
         return build_gateway(config, transport=httpx.MockTransport(up), env={})
@@ -42,7 +31,7 @@ def _client(gw: Gateway) -> httpx.AsyncClient:
 
 async def test_proxies_through_every_stage() -> None:
     """A request goes through all stages to the upstream with its deadline reduced."""
-    up = Upstream()
+    up = EchoHandler()
     gw = _gateway(up)
     async with _client(gw) as c:
         r = await c.get("/orders/1", headers={"X-Priority": "critical", "X-Deadline-Ms": "400"})
@@ -54,7 +43,7 @@ async def test_proxies_through_every_stage() -> None:
 
 async def test_dead_on_arrival_never_reaches_upstream() -> None:
     """X-Deadline-Ms <= 0 is shed with the pinned headers and no upstream call."""
-    up = Upstream()
+    up = EchoHandler()
     async with _client(_gateway(up)) as c:
         r = await c.get("/x", headers={"X-Deadline-Ms": "0"})
     assert r.status_code == 429
@@ -66,7 +55,7 @@ async def test_dead_on_arrival_never_reaches_upstream() -> None:
 @pytest.mark.parametrize(("header", "value"), [("X-Priority", "urgent"), ("X-Deadline-Ms", "soon")])
 async def test_malformed_headers_get_400_naming_the_header(header: str, value: str) -> None:
     """Malformed tier or deadline: 400 whose message names the header."""
-    up = Upstream()
+    up = EchoHandler()
     async with _client(_gateway(up)) as c:
         r = await c.get("/x", headers={header: value})
     assert r.status_code == 400
@@ -76,7 +65,7 @@ async def test_malformed_headers_get_400_naming_the_header(header: str, value: s
 
 async def test_metrics_and_snapshot_are_served_not_proxied() -> None:
     """Admin paths answer locally with parseable metrics and a full snapshot."""
-    up = Upstream()
+    up = EchoHandler()
     gw = _gateway(up)
     async with _client(gw) as c:
         await c.get("/x", headers={"X-Deadline-Ms": "-1", "X-Priority": "bulk"})
@@ -100,7 +89,7 @@ async def test_metrics_and_snapshot_are_served_not_proxied() -> None:
 
 async def test_admin_port_app_serves_root_paths() -> None:
     """The admin-port app serves /metrics and /snapshot at its root."""
-    gw = _gateway(Upstream())
+    gw = _gateway(EchoHandler())
     transport = httpx.ASGITransport(gw.admin_app())
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as c:
         assert (await c.get("/metrics")).status_code == 200
@@ -109,7 +98,7 @@ async def test_admin_port_app_serves_root_paths() -> None:
 
 async def test_reload_applies_new_limit_and_rejects_invalid(tmp_path: Path) -> None:
     """A valid new file is applied (version bumps); an invalid one is refused, old stays."""
-    gw = _gateway(Upstream(), tmp_path, "limiter:\n  algorithm: fixed\n  fixed_limit: 8\n")
+    gw = _gateway(EchoHandler(), tmp_path, "limiter:\n  algorithm: fixed\n  fixed_limit: 8\n")
     assert gw.parts.limiter.limit == 8
     path = tmp_path / "ballast.yaml"
     path.write_text("upstream: http://up.test\nlimiter:\n  algorithm: fixed\n  fixed_limit: 32\n")
@@ -125,7 +114,7 @@ async def test_reload_applies_new_limit_and_rejects_invalid(tmp_path: Path) -> N
 
 async def test_reload_endpoint_requires_token(tmp_path: Path) -> None:
     """POST /_ballast/reload works only with the configured bearer token."""
-    gw = _gateway(Upstream(), tmp_path, "admin:\n  token: t0k\n")
+    gw = _gateway(EchoHandler(), tmp_path, "admin:\n  token: t0k\n")
     async with _client(gw) as c:
         assert (await c.post("/_ballast/reload")).status_code == 401
         r = await c.post("/_ballast/reload", headers={"Authorization": "Bearer t0k"})

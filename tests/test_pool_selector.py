@@ -12,21 +12,12 @@ from ballast_asgi.proxy.upstream import Upstream
 from ballast_asgi.upstreams.instance import InstanceSpec
 from ballast_asgi.upstreams.pool import Pool
 from ballast_asgi.upstreams.selector import PoolSelector
+from tests.fakes import FakeClock
 
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 
 
-class Clock:
-    """A settable clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _selector(clock: Clock, urls: list[str] = URLS) -> PoolSelector:
+def _selector(clock: FakeClock, urls: list[str] = URLS) -> PoolSelector:
     pool = Pool(
         [InstanceSpec(u) for u in urls],
         make_limiter=lambda: Limiter(make_limit("fixed", limit=50)),
@@ -38,7 +29,7 @@ def _selector(clock: Clock, urls: list[str] = URLS) -> PoolSelector:
 
 def test_choose_excludes_tried_upstreams() -> None:
     """An upstream already tried is not chosen again while others remain."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     sel = _selector(clock)
     for _ in range(30):
         first = sel.choose(None)
@@ -51,7 +42,7 @@ def test_choose_excludes_tried_upstreams() -> None:
 
 def test_report_settles_the_matching_lease() -> None:
     """Of two leases on one instance, the report's RTT picks the one that started then."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     sel = _selector(clock, URLS[:1] + URLS[1:2])
     up = Upstream.parse(URLS[0])
     early = sel.choose(None, (Upstream.parse(URLS[1]),))
@@ -67,7 +58,7 @@ def test_report_settles_the_matching_lease() -> None:
 
 def test_unreported_leases_are_reaped() -> None:
     """A lease never reported is settled as neutral after max_lease_s."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     sel = _selector(clock)
     sel.choose(None)
     clock.now = 11.0
@@ -80,7 +71,7 @@ def test_unreported_leases_are_reaped() -> None:
 def test_first_use_hook_runs_once() -> None:
     """The hook (starting probes) runs at the first choice only."""
     calls: list[int] = []
-    sel = _selector(Clock())
+    sel = _selector(FakeClock(0.0))
     sel.on_first_use(lambda: calls.append(1))
     for _ in range(3):
         sel.report(sel.choose(None), AttemptOutcome.SUCCESS, 0.0, 0.0)
@@ -89,7 +80,7 @@ def test_first_use_hook_runs_once() -> None:
 
 def test_set_instances_keeps_removed_until_reported() -> None:
     """A removed instance's open lease still settles; then it is forgotten."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     sel = _selector(clock)
     up = sel.choose(None)
     keep = [u for u in URLS if Upstream.parse(u) != up]

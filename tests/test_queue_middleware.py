@@ -21,26 +21,9 @@ from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.context import get_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
+from tests.fakes import EchoUpstream
 
 pytestmark = pytest.mark.anyio
-
-
-class Upstream:
-    """Answers 200 with the request body and path; records the order it served."""
-
-    def __init__(self) -> None:
-        self.served: list[str] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.served.append(scope["path"])
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body or scope["path"].encode()})
 
 
 class Stack:
@@ -52,7 +35,7 @@ class Stack:
         self.metrics: Metrics = null_metrics()
         self.limiter = Limiter(FixedLimit(limit))
         self.queue = PriorityQueue(**queue_kw)
-        self.upstream = Upstream()
+        self.upstream = EchoUpstream()
         responder = ShedResponder(self.metrics)
         inner = ConcurrencyMiddleware(
             self.upstream,
@@ -336,7 +319,7 @@ def test_rejects_bad_queue_timeout() -> None:
     metrics = null_metrics()
     with pytest.raises(ValueError, match="queue_timeout_ms"):
         QueueMiddleware(
-            Upstream(),
+            EchoUpstream(),
             limiter=Limiter(FixedLimit(1)),
             queue=PriorityQueue(),
             responder=ShedResponder(metrics),

@@ -10,43 +10,21 @@ import pytest
 from ballast_asgi.config import build_config, load_config
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.forwarded import CLIENT_IP_KEY
-from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.ratelimit.core.gcra import Limits
 from ballast_asgi.ratelimit.core.keys import MAX_KEY_CHARS, KeyResolver, Route
 from ballast_asgi.stack import build_parts, build_stack
+from tests.fakes import FakeClock, StatusUpstream
 
 pytestmark = pytest.mark.anyio
 
 
-class FakeClock:
-    """Monotonic seconds that only move when told."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Counting:
-    """A tiny app that counts the requests that reach it."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.calls += 1
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
-
-def _stack(section: dict[str, Any], **extra: Any) -> tuple[httpx.AsyncClient, Counting, Any]:
+def _stack(section: dict[str, Any], **extra: Any) -> tuple[httpx.AsyncClient, StatusUpstream, Any]:
     config = build_config({"rate_limit": {"enabled": True, **section}, **extra},
                           require_upstream=False)  # fmt: skip
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     parts = build_parts(config, null_metrics(), clock=clock)
-    inner = Counting()
+    inner = StatusUpstream()
     app = build_stack(inner, parts, config, retries=False)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw")
     return client, inner, (clock, parts)

@@ -1,4 +1,4 @@
-"""Issue 8 end to end through ``build_gateway``: reservation, forged priorities, live reload.
+"""Priority tiers and live reload end to end through ``build_gateway`` (reservation, forgery).
 
 The upstream is an ``httpx.MockTransport`` whose async handler parks each
 request on an ``asyncio.Event`` the test sets, so "in flight" and "queued" are
@@ -17,32 +17,11 @@ import pytest
 
 from ballast_asgi.config import load_config
 from ballast_asgi.gateway import Gateway, build_gateway
+from tests.fakes import HoldingHandler
 
 pytestmark = pytest.mark.anyio
 
 WAIT_S = 5.0
-
-
-class Upstream:
-    """Parks requests whose path starts with ``hold`` until ``gate`` is set; records order."""
-
-    def __init__(self, hold: str = "/") -> None:
-        self.hold = hold
-        self.gate = asyncio.Event()
-        self.arrived: list[str] = []
-        self.active = 0
-        self.peak = 0
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.arrived.append(request.url.path)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            if request.url.path.startswith(self.hold):
-                await asyncio.wait_for(self.gate.wait(), WAIT_S)
-        finally:
-            self.active -= 1
-        return httpx.Response(200, json={"path": request.url.path})
 
 
 def write_config(path: Path, body: str) -> Path:
@@ -50,7 +29,7 @@ def write_config(path: Path, body: str) -> Path:
     return path
 
 
-def gateway(path: Path, up: Upstream) -> Gateway:
+def gateway(path: Path, up: HoldingHandler) -> Gateway:
     return build_gateway(
         load_config(env={}, path=path),
         transport=httpx.MockTransport(up),
@@ -88,7 +67,7 @@ async def test_bulk_flood_cannot_fill_the_queue_against_critical(tmp_path: Path)
     """A bulk flood is refused with queue_full at the shared half; critical requests
     still queue in the reserved half and are served first when permits free."""
     queue = "admission_queue:\n  enabled: true\n  max_queue_size: 4\n  per_priority: true\n"
-    up = Upstream()
+    up = HoldingHandler()
     gw = gateway(write_config(tmp_path / "b.yaml", fixed(2, queue)), up)
     async with client(gw) as c:
 
@@ -131,7 +110,7 @@ async def test_x_priority_is_honoured_only_from_trusted_networks(
     """A forged X-Priority from an untrusted peer is ignored (counted); from a trusted
     network it sets the tier, end to end through the gateway."""
     rules = "priority:\n  trust_header: false\n  trusted_networks: ['10.0.0.0/8']\n"
-    up = Upstream(hold="/never")
+    up = HoldingHandler(hold="/never")
     gw = gateway(write_config(tmp_path / "p.yaml", rules), up)
     async with client(gw, (peer, 51000)) as c:
         served = await c.get("/orders", headers={"X-Priority": "critical"})
@@ -147,7 +126,7 @@ async def test_reload_under_load_loses_nothing_and_applies_the_new_limit(tmp_pat
     a raised limit reaches queued waiters at once; version bumps; in-flight returns to 0."""
     queue = "admission_queue:\n  enabled: true\n  max_queue_size: 100\nadmin:\n  token: s3cret\n"
     path = write_config(tmp_path / "r.yaml", fixed(2, queue))
-    up = Upstream()
+    up = HoldingHandler()
     gw = gateway(path, up)
     async with client(gw) as c:
         tasks = [asyncio.ensure_future(c.get(f"/r/{i}")) for i in range(12)]
@@ -184,7 +163,7 @@ async def test_reload_flips_dry_run_on_for_new_requests(tmp_path: Path) -> None:
     and counted as a would-be shed; the snapshot shows dry-run on."""
     no_queue = "admission_queue:\n  enabled: false\n"
     path = write_config(tmp_path / "d.yaml", fixed(1, no_queue))
-    up = Upstream(hold="/hold")
+    up = HoldingHandler(hold="/hold")
     gw = gateway(path, up)
     async with client(gw) as c:
         held = asyncio.ensure_future(c.get("/hold", headers={"X-Priority": "bulk"}))

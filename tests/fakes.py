@@ -10,7 +10,9 @@ Fakes, not mocks: each is a small real implementation of the seam it stands in f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+import anyio.lowlevel
 import httpx
 
 from ballast_asgi.core.limit import FixedLimit, Sample
@@ -123,6 +125,15 @@ class HoldingHandler:
         finally:
             self.active -= 1
         return httpx.Response(200, json={"path": request.url.path})
+
+
+async def until(condition: Callable[[], bool], rounds: int = 20_000) -> None:
+    """Yield to the loop until ``condition`` holds (bounded; no timed sleeps)."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await anyio.lowlevel.checkpoint()
+    raise AssertionError("condition never became true")
 
 
 def request_messages(body: bytes = b"", chunk: int = 0) -> list[Message]:

@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio.lowlevel
 import httpx
 import pytest
 
@@ -26,6 +25,7 @@ from ballast_asgi.gateway import build_gateway
 from ballast_asgi.metrics import Metrics, null_metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.stack import Parts, build_parts, build_stack
+from tests.fakes import until
 
 pytestmark = pytest.mark.anyio
 
@@ -104,15 +104,6 @@ class Driver:
         done = await asyncio.wait_for(asyncio.gather(*self.tasks.values()), WAIT_S)
         await self.client.aclose()
         return dict(zip(self.tasks, done, strict=True))
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Yield to the loop until ``condition`` holds (bounded; no timed sleeps)."""
-    for _ in range(10_000):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError("condition never became true")
 
 
 def counts(metrics: Metrics, name: str) -> Counter[tuple[str, str]]:

@@ -8,16 +8,14 @@ exact states, not timings. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
-import anyio.lowlevel
 import httpx
 import pytest
 
 from ballast_asgi.config import load_config
 from ballast_asgi.gateway import Gateway, build_gateway
-from tests.fakes import HoldingHandler
+from tests.fakes import HoldingHandler, until
 
 pytestmark = pytest.mark.anyio
 
@@ -41,15 +39,6 @@ def gateway(path: Path, up: HoldingHandler) -> Gateway:
 def client(gw: Gateway, peer: tuple[str, int] = ("127.0.0.1", 40000)) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=gw, client=peer)
     return httpx.AsyncClient(transport=transport, base_url="http://gw")
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Yield to the loop until ``condition`` holds (bounded; no timed sleeps)."""
-    for _ in range(20_000):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError("condition never became true")
 
 
 def sample(gw: Gateway, name: str, **labels: str) -> float:

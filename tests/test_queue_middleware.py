@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import anyio.lowlevel
@@ -21,7 +20,7 @@ from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.context import get_context
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
-from tests.fakes import EchoUpstream
+from tests.fakes import EchoUpstream, until
 
 pytestmark = pytest.mark.anyio
 
@@ -73,15 +72,6 @@ class Stack:
             "ballast_admission_queued_total", {"outcome": outcome}
         )
         return value or 0.0
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Yield to the loop until ``condition`` holds (bounded; no timed sleeps)."""
-    for _ in range(10_000):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError("condition never became true")
 
 
 async def queue_in_order(stack: Stack, *specs: tuple[str, str]) -> list[asyncio.Task[Any]]:

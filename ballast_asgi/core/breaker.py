@@ -6,11 +6,9 @@ States and transitions (time is always passed in as ``now``)::
     half_open --probe fails / probe times out--> open (period grows)
     half_open --half_open_successes probes in a row succeed--> closed
 
-Trip (closed -> open), whichever comes first:
-
-* over the trailing ``window_ms`` there were ``calls >= min_calls`` and
-  ``failures / calls >= failure_ratio``; or
-* ``consecutive_failures`` failures in a row.
+Trip (closed -> open): ``min_calls`` calls over the trailing ``window_ms`` with
+``failures / calls >= failure_ratio``, or ``consecutive_failures`` in a row
+(the statistics and the rule: ``core/breaker_stats.py``).
 
 Open period of the ``n``-th trip in a row (``n = 1`` after a close)::
 
@@ -41,7 +39,8 @@ import enum
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from ballast_asgi.core.retry_budget import WindowCounts
+from ballast_asgi.core.breaker_stats import TripStats, check
+from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES as _FAILURE_STATUSES
 
 if TYPE_CHECKING:
     from ballast_asgi.config import BreakerConfig
@@ -66,10 +65,7 @@ DEFAULT_OPEN_MS = 2_000
 DEFAULT_MAX_OPEN_MS = 15_000
 DEFAULT_HALF_OPEN_SUCCESSES = 1
 DEFAULT_PROBE_TIMEOUT_MS = 2_000
-DEFAULT_FAILURE_STATUSES = (500, 502, 503, 504)
-
-_CALLS = 0
-_FAILURES = 1
+DEFAULT_FAILURE_STATUSES = tuple(sorted(_FAILURE_STATUSES))
 
 
 class Ticket:
@@ -122,13 +118,15 @@ class Breaker:
         failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
         enabled: bool = True,
     ) -> None:
-        _check("window_ms", window_ms >= 1, window_ms, ">= 1")
-        _check("failure_ratio", 0.0 < failure_ratio <= 1.0, failure_ratio, "in (0, 1]")
-        _check("min_calls", min_calls >= 1, min_calls, ">= 1")
-        _check("consecutive_failures", consecutive_failures >= 1, consecutive_failures, ">= 1")
-        _check("open_ms", 1 <= open_ms <= max_open_ms, open_ms, "in 1..max_open_ms")
-        _check("half_open_successes", half_open_successes >= 1, half_open_successes, ">= 1")
-        _check("probe_timeout_ms", probe_timeout_ms >= 1, probe_timeout_ms, ">= 1")
+        self._stats = TripStats(
+            window_ms=window_ms,
+            failure_ratio=failure_ratio,
+            min_calls=min_calls,
+            consecutive_failures=consecutive_failures,
+        )
+        check("open_ms", 1 <= open_ms <= max_open_ms, open_ms, "in 1..max_open_ms")
+        check("half_open_successes", half_open_successes >= 1, half_open_successes, ">= 1")
+        check("probe_timeout_ms", probe_timeout_ms >= 1, probe_timeout_ms, ">= 1")
         self.enabled = enabled
         self.failure_ratio = failure_ratio
         self.min_calls = min_calls
@@ -138,13 +136,11 @@ class Breaker:
         self.half_open_successes = half_open_successes
         self.probe_timeout_s = probe_timeout_ms / 1000.0
         self.failure_statuses = frozenset(failure_statuses)
-        self._window = WindowCounts(window_ms / 1000.0, kinds=2)
         self._state = BreakerState.CLOSED
         self._since: float | None = None
         self._generation = 0
         self._trips = 0
         self._open_until = 0.0
-        self._consecutive = 0
         self._probe: Ticket | None = None
         self._probe_deadline = 0.0
         self._probe_successes = 0
@@ -231,9 +227,7 @@ class Breaker:
             "next_open_s": self._open_period_s(self._trips + 1),
             "trips_in_a_row": self._trips,
             "transitions": self.transitions,
-            "window_calls": self._window.total(now, _CALLS),
-            "window_failures": self._window.total(now, _FAILURES),
-            "consecutive_failures": self._consecutive,
+            **self._stats.snapshot(now),
             "probe_in_flight": self._probe is not None,
             "enabled": self.enabled,
         }
@@ -267,8 +261,7 @@ class Breaker:
             self._open_until = at + self._open_period_s(self._trips)
         elif state is BreakerState.CLOSED:
             self._trips = 0
-            self._consecutive = 0
-            self._window.clear()
+            self._stats.clear()
         if self._listener is not None:
             self._listener(old, state, at)
 
@@ -283,8 +276,8 @@ class Breaker:
             return
         if ticket.probe:
             self._on_probe_result(ticket, success, now)
-        elif self._state is BreakerState.CLOSED:
-            self._on_closed_result(success, now)
+        elif self._state is BreakerState.CLOSED and self._stats.record(success, now):
+            self._enter(BreakerState.OPEN, now)
 
     def _on_probe_result(self, ticket: Ticket, success: bool, now: float) -> None:
         if self._probe is not ticket:
@@ -297,26 +290,6 @@ class Breaker:
         if self._probe_successes >= self.half_open_successes:
             self._enter(BreakerState.CLOSED, now)
 
-    def _on_closed_result(self, success: bool, now: float) -> None:
-        self._window.add(now, _CALLS)
-        if success:
-            self._consecutive = 0
-            return
-        self._window.add(now, _FAILURES)
-        self._consecutive += 1
-        if self._consecutive >= self.consecutive_failures or self._ratio_tripped(now):
-            self._enter(BreakerState.OPEN, now)
-
-    def _ratio_tripped(self, now: float) -> bool:
-        calls = self._window.total(now, _CALLS)
-        failures = self._window.total(now, _FAILURES)
-        return calls >= self.min_calls and failures >= self.failure_ratio * calls
-
     def _on_cancel(self, ticket: Ticket) -> None:
         if ticket.probe and self._probe is ticket:
             self._probe = None
-
-
-def _check(name: str, ok: bool, value: object, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"breaker {name} must be {allowed}, got {value!r}")

@@ -16,8 +16,9 @@ from ballast_asgi.ratelimit.config import RateLimitConfig
 from ballast_asgi.ratelimit.core.gcra import Limits
 from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
 from ballast_asgi.ratelimit.lease import LeaseLimiter
+from experiments._harness.procs import free_port
+from experiments._harness.redis import RedisProcess, redis_server, start_redis
 from experiments.ratelimit.delayproxy import DelayProxy
-from experiments.ratelimit.redisproc import RedisProcess, free_port, redis_server, start_redis
 from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.anyio

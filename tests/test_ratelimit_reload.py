@@ -12,7 +12,7 @@ import pytest
 from ballast_asgi.embed import wrap
 from ballast_asgi.ratelimit.lease import LeaseLimiter
 from ballast_asgi.ratelimit.local import LocalLimiter
-from experiments.ratelimit.redisproc import RedisProcess, redis_server
+from experiments._harness.redis import RedisProcess, redis_server
 from tests.fakes import FakeClock, StatusUpstream
 
 pytestmark = pytest.mark.anyio

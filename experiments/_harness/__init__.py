@@ -2,7 +2,8 @@
 
 Small on purpose; import from the module that owns the name:
 
-- ``procs``: ``HOST``, ``free_port()``, ``wait_port()``, ``Procs`` (start a command,
+- ``procs``: ``HOST``, ``free_port()``, ``wait_port()``, ``terminate()`` / ``kill()``
+  (one child by PID), ``Procs`` (start a command,
   optionally pinned with ``taskset``, log to a file, wait for its port; stop every
   child by PID), ``processes(tmp)`` (a ``Procs`` that stops all on exit) and
   ``stop_on_signals()`` / ``cancel_on_signals()`` (sync / async tools: SIGTERM and
@@ -12,6 +13,8 @@ Small on purpose; import from the module that owns the name:
   Python pass-through), ``start_sim`` / ``sim_cmd`` (the simulator),
   ``start_gateway`` (the ``ballast`` CLI with a YAML text), ``start_uvicorn_gateway``
   (``uvicorn ballast_asgi.gateway:app``), ``find_binary`` / ``ensure_package``.
+- ``redis``: ``start_redis()`` / ``redis_server()`` (a throwaway ``redis-server`` on a
+  free port, ready when it answers PING), ``RedisProcess`` (``url``, ``stop``, ``kill``).
 - ``cpu``: ``pin_self``, ``cpu_s(pid)``, ``cpu_ticks()`` / ``busy_share`` / ``busy_all``,
   ``status_kb(pid, "VmHWM")``.
 - ``jsonio``: ``wait_ok``, ``get_json``, ``post_json`` (aiohttp, bounded timeouts).

@@ -1,10 +1,12 @@
 """Child processes for the tools: free ports, start (optionally pinned), stop by PID.
 
-``Procs.start`` runs a command with ``taskset -c CPU`` (which execs into the
-command, so the Popen pid is the measured process) in its own session (Ctrl-C
-reaches only the tool), output to ``<dir>/<log>.log``, and waits (bounded)
-until it accepts on its port. ``Procs.stop_all`` (or leaving ``processes()``)
-stops every child by PID: SIGTERM, wait, SIGKILL if it does not exit.
+``terminate(proc)`` / ``kill(proc)`` stop one child by PID (SIGTERM then
+SIGKILL / SIGKILL at once). ``Procs.start`` runs a command with ``taskset -c
+CPU`` (which execs into the command, so the Popen pid is the measured process)
+in its own session (Ctrl-C reaches only the tool), output to
+``<dir>/<log>.log``, and waits (bounded) until it accepts on its port.
+``Procs.stop_all`` (or leaving ``processes()``) stops every child by PID:
+SIGTERM, wait, SIGKILL if it does not exit.
 """
 
 from __future__ import annotations
@@ -90,15 +92,7 @@ class Procs:
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGTERM ``proc`` by PID, wait, SIGKILL if it does not exit."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        terminate(proc)
         if proc in self.started:
             self.started.remove(proc)
 
@@ -110,6 +104,26 @@ class Procs:
                 self.stop(proc)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM ``proc`` by PID, wait up to ``timeout_s``, SIGKILL if it has not exited."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        kill(proc)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` by PID at once and reap it (an outage, not a shutdown)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(5)
 
 
 def stop_on_signals() -> None:

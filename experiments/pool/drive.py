@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ import aiohttp
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
 from experiments._harness.jsonio import get_json, wait_ok
 from experiments._harness.procs import HOST, Procs, free_port
+from experiments._harness.procs import kill as kill_pid
 from experiments.pool import analysis
 
 GATEWAY_CPU, OTHER_CPU = 1, 0
@@ -74,9 +73,7 @@ class Instances:
     def kill(self, i: int) -> None:
         """Hard down: SIGKILL by PID (the port refuses connections from now on)."""
         proc = self.running.pop(i)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(5)
+        kill_pid(proc)
         self.procs.stop(proc)
 
 

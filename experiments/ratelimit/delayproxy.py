@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 
-from experiments.ratelimit.redisproc import free_port
+from experiments._harness.procs import free_port
 
 
 class DelayProxy:

@@ -23,13 +23,14 @@ from typing import Any
 
 import uvloop
 
+from experiments._harness.procs import Procs, free_port, processes
+from experiments._harness.redis import RedisProcess, redis_server, start_redis
 from experiments.ratelimit import analyze, report
 from experiments.ratelimit.delayproxy import DelayProxy
 from experiments.ratelimit.drive import build
 from experiments.ratelimit.drive import run as drive
 from experiments.ratelimit.plan import Run, Scale, section, shapes, zipf_section, zipf_shape
 from experiments.ratelimit.procs import Pair, gateway_config, pairs, upstream
-from experiments.ratelimit.redisproc import RedisProcess, free_port, redis_server, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,12 +94,12 @@ _KILL: dict[str, RedisProcess] = {}
 
 
 def phase(
-    rows: list[dict[str, Any]], up: str, work: Path, configs: dict[str, Any], runs: list[Run]
+    rows: list[dict[str, Any]], procs: Procs, up: str, configs: dict[str, Any], runs: list[Run]
 ) -> None:
     """Start the pairs of one phase, run its runs in order, stop the pairs."""
     # Each pair is its own group of gateways: its own key prefix (buckets and heartbeats).
     configs = {n: c if c is None else {**c, "key_prefix": f"rl-{n}"} for n, c in configs.items()}
-    with pairs({n: gateway_config(up, c) for n, c in configs.items()}, work) as started:
+    with pairs({n: gateway_config(up, c) for n, c in configs.items()}, procs, procs.tmp) as started:
         time.sleep(1.0)  # heartbeats: let each gateway see its twin before measuring
         for i, run in enumerate(runs):
             if run.kill_at_s is not None:
@@ -149,23 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     lim = scale.limits
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, redis_server() as redis, upstream() as up:
-        work = Path(tmp)
-        url = redis.url
+    with tempfile.TemporaryDirectory() as tmp, processes(Path(tmp)) as procs, redis_server() as rd:
+        up = upstream(procs)
+        url = rd.url
         one, two = plan_runs(scale, lim)
-        phase(rows, up, work, {
+        phase(rows, procs, up, {
             "none": None,
             "local": {"mode": "local", "rate_per_s": lim.rate_per_s, "burst": lim.burst},
             **{m: section(scale, m, url) for m in ("redis", "lease", "sync")},
         }, one)  # fmt: skip
-        phase(rows, up, work, {
+        phase(rows, procs, up, {
             "redis": section(scale, "redis", url), "lease": section(scale, "lease", url),
             "redis-naive": section(scale, "redis", url, breaker={"kind": "naive"}),
             "lease-naive": section(scale, "lease", url, breaker={"kind": "naive"}),
             "zipf": zipf_section(scale, url, "rebuilt"),
             "zipf-naive": zipf_section(scale, url, "naive"),
         }, two)  # fmt: skip
-        rows += phase_three(scale, up, work, redis)
+        rows += phase_three(scale, procs, up, rd)
     elapsed = time.monotonic() - started
     meta = _meta(scale, elapsed)
     text = report.render(rows, scale, meta)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def phase_three(scale: Scale, up: str, work: Path, redis: RedisProcess) -> list[dict[str, Any]]:
+def phase_three(scale: Scale, procs: Procs, up: str, redis: RedisProcess) -> list[dict[str, Any]]:
     """Redis 5 ms slower (delaying proxy) and Redis stopped mid-run."""
     rows: list[dict[str, Any]] = []
     sh = shapes(scale)
@@ -195,7 +196,7 @@ def phase_three(scale: Scale, up: str, work: Path, redis: RedisProcess) -> list[
         ]
         runs += [Run("t3", f"stop-{m}", "stopped", sh["outage"], scale.limits, kill_at_s=3.0,
                      tags={"redis": "b"}) for m in ("redis", "lease", "sync")]  # fmt: skip
-        phase(rows, up, work, configs, runs)
+        phase(rows, procs, up, configs, runs)
     finally:
         proxy.stop()
         _KILL.pop("b").stop()

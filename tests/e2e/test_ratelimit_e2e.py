@@ -25,7 +25,7 @@ import yaml
 
 from ballast_asgi.config import load_config
 from ballast_asgi.gateway import build_gateway
-from experiments.ratelimit.redisproc import RedisProcess, redis_server
+from experiments._harness.redis import RedisProcess, redis_server
 from tests.e2e.support import (
     NO_BALLAST_ENV,
     free_port,

@@ -1,4 +1,9 @@
-"""Start and stop a throwaway ``redis-server`` on a free loopback port (by PID)."""
+"""A throwaway ``redis-server`` on a free loopback port, stopped by PID.
+
+``start_redis(port)`` starts one without persistence and returns once it
+answers PING; ``redis_server()`` is the same as a context manager.
+``RedisProcess.kill()`` is an outage (SIGKILL at once), ``stop()`` a shutdown.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-
-def free_port() -> int:
-    """An unused loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from experiments._harness.procs import HOST, free_port, kill, terminate
 
 
 @dataclass
@@ -28,23 +28,15 @@ class RedisProcess:
     @property
     def url(self) -> str:
         """Its ``redis://`` URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{HOST}:{self.port}/0"
 
     def stop(self) -> None:
         """SIGTERM by PID, SIGKILL if it hangs (idempotent)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, 5.0)
 
     def kill(self) -> None:
         """SIGKILL at once (an outage, not a shutdown)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
+        kill(self.proc)
 
 
 def start_redis(port: int | None = None) -> RedisProcess:
@@ -53,7 +45,7 @@ def start_redis(port: int | None = None) -> RedisProcess:
     if exe is None:
         raise RuntimeError("redis-server not found: run `make system-deps` (Debian redis-server)")
     port = port or free_port()
-    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args = [exe, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = RedisProcess(port, proc)
     limit = time.monotonic() + 10
@@ -67,7 +59,7 @@ def start_redis(port: int | None = None) -> RedisProcess:
 
 def _pong(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection((HOST, port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:

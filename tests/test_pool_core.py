@@ -84,6 +84,19 @@ def test_connect_errors_eject_and_route_around() -> None:
     assert snap[URLS[0]]["ejected"] and snap[URLS[0]]["ejected_until_s"] == 4.5
 
 
+def test_bodies_cut_after_good_heads_eject_and_whole_bodies_reset_the_count() -> None:
+    """Resets mid-response count although every head was fine; a whole body resets the run."""
+    pool = make_pool()
+    inst = pool.instances[0]
+    for complete in (False, False, False, False, True):  # four cuts, then a whole body
+        pool.body_ended(inst, complete, 1.0)
+    assert inst.outlier.body_consecutive == 0 and inst.routable(1.0)
+    assert inst.outlier.counts(1.0) == (0, 4)  # failures amend calls counted at their heads
+    for _ in range(5):
+        pool.body_ended(inst, False, 1.1)
+    assert not inst.routable(1.1) and inst.outlier.ejections == 1 and inst.failures == 9
+
+
 def test_deadline_is_neutral() -> None:
     """The client's own deadline running out never ejects and never trips the breaker."""
     pool = make_pool()

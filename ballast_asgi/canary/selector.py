@@ -122,6 +122,11 @@ class CanarySelector:
         if self._on_record is not None:
             self._on_record(version, failed, latency)
 
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
+        """Pass a body's end to the version's selector (the judge counted the head)."""
+        inner = self.canary if upstream in self.canary.upstreams() else self.stable
+        inner.report_body(upstream, complete, now)
+
     def label(self, version: Version) -> str:
         """The ``X-Ballast-Version`` value: after promotion the canary *is* stable."""
         if self.rollout.state is State.PROMOTED:

@@ -65,6 +65,9 @@ class ListSelector:
         else:
             self._down.pop(upstream, None)
 
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
+        """Only connect errors take an upstream out of turn here."""
+
     def upstreams(self) -> Sequence[Upstream]:
         """The current list."""
         return self._list

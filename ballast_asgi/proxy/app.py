@@ -331,8 +331,11 @@ class ProxyApp:
             chunks = cast("AsyncIterator[bytes]", response.stream)
             if not await relay(chunks, length, send, self._send_timeout_s, watch):
                 _gone(ctx)
+            else:
+                self.selector.report_body(upstream, True, self.clock())
         except UpstreamBodyError:
             self._count_error(ctx, "protocol")
+            self.selector.report_body(upstream, False, self.clock())
             raise
         except ClientSendTimeout:
             if self.metrics is not None:

@@ -171,6 +171,15 @@ class Selector(Protocol):
         """The attempt's outcome and its time to the response head (None without a head)."""
         ...
 
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
+        """How the body of a response whose head was passed on ended: ``complete``, or
+        cut by the upstream (a reset mid-body: the client's connection was aborted).
+
+        Not called when the client went away. The attempt was settled at its head;
+        this only tells the upstream's health, so resets after the head count too.
+        """
+        ...
+
     def upstreams(self) -> Sequence[Upstream]:
         """Every upstream this selector may choose (for snapshots)."""
         ...
@@ -191,6 +200,9 @@ class SingleUpstream:
     def report(
         self, upstream: Upstream, outcome: AttemptOutcome, rtt_s: float | None, now: float
     ) -> None:
+        """Nothing to learn with a single upstream."""
+
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
         """Nothing to learn with a single upstream."""
 
     def upstreams(self) -> Sequence[Upstream]:

@@ -96,11 +96,16 @@ class OutlierPolicy:
 class OutlierState:
     """One instance's counts and ejection record."""
 
-    __slots__ = ("_window", "consecutive", "ejected_until", "ejections", "k", "last_ejection_end")
+    __slots__ = (
+        "_window", "body_consecutive", "consecutive", "ejected_until", "ejections", "k",
+        "last_ejection_end",
+    )  # fmt: skip
 
     def __init__(self, window_ms: int) -> None:
         self._window = WindowCounts(window_ms / 1000.0, kinds=2)
         self.consecutive = 0
+        #: Response bodies cut by the upstream in a row (after heads that looked fine).
+        self.body_consecutive = 0
         self.ejected_until = 0.0
         self.ejections = 0
         self.k = 0
@@ -124,9 +129,14 @@ class OutlierState:
         if failure:
             self._window.add(now, _FAILURES)
 
+    def amend_failure(self, now: float) -> None:
+        """A call already counted (as a success at its head) failed after all."""
+        self._window.add(now, _FAILURES)
+
     def clear(self) -> None:
         self._window.clear()
         self.consecutive = 0
+        self.body_consecutive = 0
 
 
 class OutlierDetector:
@@ -155,6 +165,21 @@ class OutlierDetector:
         state.add(now, failure)
         state.consecutive = state.consecutive + 1 if gateway_failure else 0
         if state.consecutive >= self.policy.consecutive_failures:
+            return self._eject(state, states, now)
+        return False
+
+    def record_body(
+        self, state: OutlierState, states: Sequence[OutlierState], now: float, *, complete: bool
+    ) -> bool:
+        """Count how a body after a good head ended; True when it ejected the instance."""
+        if not self.policy.enabled or state.ejected(now):
+            return False
+        if complete:
+            state.body_consecutive = 0
+            return False
+        state.amend_failure(now)
+        state.body_consecutive += 1
+        if state.body_consecutive >= self.policy.consecutive_failures:
             return self._eject(state, states, now)
         return False
 

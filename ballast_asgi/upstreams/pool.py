@@ -153,6 +153,21 @@ class Pool:
         return p2c(candidates, self.rng, self._score)
 
     # -- learning ---------------------------------------------------------------
+    def body_ended(self, inst: Instance, complete: bool, now: float) -> None:
+        """A response body after a good head ended whole or was cut by the upstream.
+
+        A cut body turns that call into a failure in the outlier window and
+        counts toward the instance's consecutive body failures (a whole body
+        resets them), so an instance that resets mid-response is ejected like
+        one that refuses connections, though its heads looked fine.
+        """
+        if inst.removed:
+            return
+        if not complete:
+            inst.failures += 1
+        self.detector.record_body(inst.outlier, [i.outlier for i in self.instances], now,
+                                  complete=complete)  # fmt: skip
+
     def settle(
         self,
         lease: Lease,

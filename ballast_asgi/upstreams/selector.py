@@ -94,6 +94,12 @@ class PoolSelector:
         lease = _match(leases, rtt_s, now)
         self._settle(leases, lease, outcome, now)
 
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
+        """A body cut mid-way counts against its instance (outlier detection)."""
+        inst = self._instance.get(upstream)
+        if inst is not None:
+            self.pool.body_ended(inst, complete, now)
+
     def _settle(
         self, leases: list[Lease], lease: Lease, outcome: AttemptOutcome, now: float
     ) -> None:

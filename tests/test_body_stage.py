@@ -14,6 +14,7 @@ import pytest
 from ballast_asgi.config import build_config
 from ballast_asgi.core.capacity import ByteBudget
 from ballast_asgi.core.head import HeadLimits, read_head
+from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.gateway import build_gateway
@@ -221,3 +222,44 @@ async def test_a_trickling_upload_holds_no_permit_in_the_gateway() -> None:
     await upload
     assert r.status_code == 200 and calls == ["GET"]
     assert gw.parts.limiter.inflight == 0
+
+
+def _budget_stage(
+    inner: Inner, max_bytes: int, dry_run: bool
+) -> tuple[BodyMiddleware, Metrics, ByteBudget]:
+    metrics = Metrics()
+    budget = ByteBudget(max_bytes)
+    responder = ShedResponder(metrics)
+    responder.dry_run = dry_run
+    stage = BodyMiddleware(inner, responder=responder, metrics=metrics, byte_budget=budget)
+    return stage, metrics, budget
+
+
+def _capacity_sheds(metrics: Metrics, name: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"reason": "capacity", "priority": "standard"})
+
+
+async def test_a_full_byte_budget_sheds_with_capacity() -> None:
+    """A chunk the byte budget cannot hold: 429 capacity, the app never runs, bytes given back."""
+    inner = Inner()
+    stage, metrics, budget = _budget_stage(inner, 4, dry_run=False)
+    body = request_messages(b"0123456789", chunk=3)
+    sent = await _call(stage, _scope([(b"content-length", b"10")]), body)
+    assert sent[0]["status"] == 429
+    assert dict(sent[0]["headers"])[b"x-ballast-reason"] == b"capacity"
+    assert inner.bodies == [] and budget.used_bytes == 0
+    assert _capacity_sheds(metrics, "ballast_shed_total") == 1
+
+
+async def test_dry_run_counts_a_full_byte_budget_once_and_passes_the_body_on() -> None:
+    """Dry-run: the would-be capacity shed is counted once; the app gets the whole body."""
+    inner = Inner()
+    stage, metrics, budget = _budget_stage(inner, 4, dry_run=True)
+    scope = _scope([(b"content-length", b"10")])
+    sent = await _call(stage, scope, request_messages(b"0123456789", chunk=3))
+    assert sent[0]["status"] == 200 and inner.bodies == [b"0123456789"]
+    assert budget.used_bytes == 0
+    assert _capacity_sheds(metrics, "ballast_dry_run_shed_total") == 1
+    assert _capacity_sheds(metrics, "ballast_shed_total") in (None, 0.0)
+    ctx = find_context(scope)
+    assert ctx is not None and ctx.would_shed == [ShedReason.CAPACITY]

@@ -123,3 +123,16 @@ async def test_act_without_a_context_still_answers() -> None:
     assert sink.messages[0]["status"] == 429
     assert int(sink.headers()[b"retry-after"]) >= 1
     assert _sample(metrics, "ballast_shed_total", "capacity", "standard") == 1
+
+
+async def test_dry_run_counts_a_request_once_under_its_first_reason() -> None:
+    """A request already marked would-shed is not counted again; the later reason is noted."""
+    metrics = null_metrics()
+    responder = ShedResponder(metrics)
+    responder.dry_run = True
+    ctx = _ctx()
+    for reason in (ShedReason.DEADLINE, ShedReason.CAPACITY):
+        await responder.act(Shed(reason, Priority.BULK), ctx, Inner(), {}, _receive, Sink())
+    assert ctx.would_shed == [ShedReason.DEADLINE, ShedReason.CAPACITY]
+    assert _sample(metrics, "ballast_dry_run_shed_total", "deadline", "bulk") == 1
+    assert _sample(metrics, "ballast_dry_run_shed_total", "capacity", "bulk") == 0

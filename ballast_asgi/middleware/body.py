@@ -13,8 +13,11 @@ For a request with a body:
    the body as a whole at ``min_rate_bytes_per_s`` after that grace:
    ``elapsed <= read_timeout + received / min_rate``. A client that is slower
    gets **408** (``ballast_body_timeouts_total{phase="buffer"}``), a body
-   larger than ``max_body_bytes`` **413**, a full byte budget **429
-   capacity**; a client that disconnects gets nothing and costs nothing.
+   larger than ``max_body_bytes`` **413**; a client that disconnects gets
+   nothing and costs nothing. A chunk the byte budget cannot hold is a
+   ``capacity`` shed (``Shed`` acted on by ``ShedResponder.act``: 429; in
+   dry-run counted once and the request goes on with the chunks read so far,
+   the rest streamed as in 3, outside every later limit).
 2. A body that fits is complete in ``ctx.body`` (the retry stage replays it)
    and the inner app receives it as one message.
 3. A larger body streams: the inner app gets the chunks read so far, then the
@@ -61,6 +64,13 @@ class _Refused(Exception):
 
 class _Gone(Exception):
     pass
+
+
+class _OverBudget(Exception):
+    """The byte budget is full: a ``capacity`` shed, with the chunks read so far."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
 
 
 class BodyMiddleware:
@@ -113,7 +123,15 @@ class BodyMiddleware:
             return
         except _Refused as refused:
             self._bytes.release(held[0])
-            await self._refuse(send, ctx, refused)
+            await send_json(send, refused.status, refused.payload, [(b"connection", b"close")])
+            return
+        except _OverBudget as over:
+            shed = Shed(ShedReason.CAPACITY, ctx.priority)
+            inner = self._inner_receive(ctx, over.messages, receive)
+            try:  # the bytes held so far go back when the request ends
+                await self._responder.act(shed, ctx, self.app, scope, inner, send)
+            finally:
+                self._bytes.release(held[0])
             return
         try:
             await self.app(scope, self._inner_receive(ctx, messages, receive), send)
@@ -136,17 +154,12 @@ class BodyMiddleware:
                     413, {"error": "payload_too_large", "max_body_bytes": self._max_body}
                 )
             size += n
-            if self._bytes.try_reserve(n):
-                held[0] += n
-            elif not self._over_budget():
-                raise _Refused(429, {})
             messages.append(message)
+            if not self._bytes.try_reserve(n):
+                raise _OverBudget(messages)
+            held[0] += n
             if not message.get("more_body", False) or size > self._replay_max:
                 return messages
-
-    def _over_budget(self) -> bool:
-        """Dry-run: the budget is full, count it once and read on unreserved."""
-        return self._responder.dry_run
 
     async def _next(self, receive: Receive, seconds: float, phase: str) -> Message:
         try:
@@ -170,9 +183,3 @@ class BodyMiddleware:
             return await self._next(receive, self._gap_s, "stream")
 
         return replay(messages, stream)
-
-    async def _refuse(self, send: Send, ctx: RequestContext, refused: _Refused) -> None:
-        if refused.status == 429:
-            await self._responder.shed(send, Shed(ShedReason.CAPACITY, ctx.priority))
-            return
-        await send_json(send, refused.status, refused.payload, [(b"connection", b"close")])

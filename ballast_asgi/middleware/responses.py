@@ -99,9 +99,11 @@ class ShedResponder:
 
         A context with a non-empty ``would_shed`` runs outside every later limit
         (no queue slot, permit, capacity slot or breaker ticket), so it is counted
-        once, under the first stage that would have shed it.
+        once, under the first stage that would have shed it (a later reason is
+        only noted on the context).
         """
-        self.metrics.count_would_shed(reason, priority)
+        if ctx is None or not ctx.would_shed:
+            self.metrics.count_would_shed(reason, priority)
         if ctx is not None:
             ctx.would_shed.append(reason)
 

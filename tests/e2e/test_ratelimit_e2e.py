@@ -217,7 +217,12 @@ def test_ballast_workers_share_one_limit_through_redis(
         stop_process(proc)
     workers = [w["rate_limit"] for w in snap["workers"]]
     served = [sum(w["decisions"].get(k, 0) for k in w["decisions"]) for w in workers]
-    assert codes.count(200) == 10 and codes.count(429) == 20, codes
+    assert set(codes) == {200, 429}, codes
+    if mode == "redis":  # every decision in Redis: exactly the burst
+        assert codes.count(200) == 10, codes
+    else:  # never over the burst; a worker may hold a token it is not asked to spend,
+        # and the other refuses until that lease lapses (lease granularity, docs/ratelimit.md)
+        assert 8 <= codes.count(200) <= 10, codes
     assert [w["live_gateways"] for w in workers] == [2, 2]
     assert all(n > 0 for n in served), served  # both workers decided some of them
     assert all(w["decisions"].get("allowed/degraded", 0) == 0 for w in workers)

@@ -109,8 +109,9 @@ class Gateway:
             if self.discovery is not None:  # versions swap the pool's instances
                 self.discovery.use_pool(self.pool, self.parts)
         self.canary = attach_canary(
-            self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng
-        )
+            self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng,
+            gateway=config,
+        )  # fmt: skip
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
         self.loaded_at = time.time()

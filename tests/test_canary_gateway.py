@@ -23,13 +23,14 @@ class Versions:
         self.clock = clock
         self.step = step
         self.canary_fail = canary_fail
-        self.calls = {"stable.test": 0, "canary.test": 0}
+        self.calls = {"stable.test": 0, "canary.test": 0, "canary2.test": 0}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         self.calls[host] += 1
         self.clock.advance(self.step)
-        if host == "canary.test" and self.canary_fail and self.calls[host] % self.canary_fail == 0:
+        failing = host.startswith("canary") and self.canary_fail
+        if failing and self.calls[host] % self.canary_fail == 0:
             return httpx.Response(500, json={"version": host})
         return httpx.Response(200, json={"version": host})
 
@@ -94,6 +95,29 @@ async def test_an_identical_canary_keeps_running() -> None:
         doc = (await c.get("/_ballast/canary")).json()
     assert doc["state"] == "running" and doc["counts"]["canary"]["requests"] > 50
     assert doc["statistic"]["errors"]["log_e_value"] <= 0.0
+
+
+async def test_the_canary_can_be_a_pool() -> None:
+    """canary.upstream as a list: both canary instances serve, labelled canary, judged as one."""
+    clock = FakeClock()
+    up = Versions(clock, canary_fail=2)
+    overrides = {"upstream": "http://stable.test",
+                 "canary": {"upstream": ["http://canary.test", "http://canary2.test"],
+                            "weight": 0.3}}  # fmt: skip
+    gw = build_gateway(load_config(env={}, overrides=overrides),
+                       transport=httpx.MockTransport(up), env={}, clock=clock)  # fmt: skip
+    async with _client(gw) as c:
+        for i in range(400):
+            r = await c.get("/x", headers={"X-Request-Id": f"r{i}"})
+            assert r.headers["x-ballast-version"] == (
+                "stable" if r.json()["version"] == "stable.test" else "canary"
+            )
+            if gw.canary is not None and gw.canary.rollout.state.value == "rolled_back":
+                break
+        doc = (await c.get("/_ballast/canary")).json()
+    assert up.calls["canary.test"] > 0 and up.calls["canary2.test"] > 0
+    assert doc["upstreams"] == ["http://canary.test", "http://canary2.test"]
+    assert doc["state"] == "rolled_back" and doc["decision"]["reason"] == "errors"
 
 
 async def test_no_canary_reports_none() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ballast_asgi.canary.blocks import Block
 from ballast_asgi.canary.evidence import (
+    EvidenceParams,
     MixtureEProcess,
     block_log_ratio,
     capped_log_ratio,
@@ -27,16 +29,74 @@ def _block(t: int, **counts: int) -> Block:
     return Block(float(t), float(t + 1), **counts)
 
 
-@given(st.integers(0, 50), st.integers(0, 500), st.floats(0.001, 0.999), st.floats(1.01, 500.0))
+@given(
+    st.integers(0, 50), st.integers(0, 500), st.floats(0.001, 0.999), st.floats(1.01, 500.0),
+    st.floats(0.01, 20.0), st.booleans(),
+)  # fmt: skip
 def test_capped_block_never_exceeds_the_likelihood_ratio(
-    events_c: int, events_s: int, share: float, ratio: float
+    events_c: int, events_s: int, share: float, ratio: float, cap: float, one_event: bool
 ) -> None:
     """What a block adds is at most its true log likelihood ratio (the validity argument)."""
     e = events_c + events_s
     assert (
-        capped_log_ratio(events_c, e, share, ratio, 0.6)
+        capped_log_ratio(events_c, e, share, ratio, cap, one_event)
         <= block_log_ratio(events_c, e, share, ratio) + 1e-12
     )
+
+
+@given(st.integers(1, 40), st.floats(0.01, 0.9), st.floats(1.01, 300.0), st.floats(0.05, 5.0),
+       st.booleans())  # fmt: skip
+def test_capped_block_has_expectation_at_most_one_under_the_null(
+    e: int, q: float, r: float, cap: float, one_event: bool
+) -> None:
+    """Whatever the cap and the allowance, a block's factor averages <= 1 under Binomial(e, q)."""
+    total = sum(
+        math.comb(e, k) * q**k * (1 - q) ** (e - k)
+        * math.exp(capped_log_ratio(k, e, q, r, cap, one_event))
+        for k in range(e + 1)
+    )  # fmt: skip
+    assert total <= 1.0 + 1e-9
+
+
+def test_prior_weights_sum_to_one_and_favour_small_risks() -> None:
+    """ln(r)^-2 weights: normalised, decreasing along the grid; power 0 is uniform."""
+    params = EvidenceParams()
+    weights = [math.exp(w) for w in params.log_weights()]
+    assert math.isclose(sum(weights), 1.0) and weights == sorted(weights, reverse=True)
+    ratios = params.ratios()
+    assert math.isclose(ratios[0], 2.0) and math.isclose(ratios[-1], 250.0) and len(ratios) == 12
+    flat = EvidenceParams(prior_power=0.0).log_weights()
+    assert all(math.isclose(w, -math.log(12)) for w in flat)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"ratio_min": 1.0}, "ratio_min"),
+        ({"ratio_min": 5.0, "ratio_max": 3.0}, "ratio_max"),
+        ({"ratio_points": 1}, "ratio_points"),
+        ({"prior_power": -1.0}, "prior_power"),
+        ({"cap_nats": 0.0}, "cap_nats"),
+        ({"single_event_gap_s": -1.0}, "single_event_gap_s"),
+    ],
+)
+def test_evidence_params_are_validated(kw: dict[str, float], match: str) -> None:
+    """Impossible constants are refused with the parameter's name."""
+    with pytest.raises(ValueError, match=match):
+        EvidenceParams(**kw)  # type: ignore[arg-type]
+
+
+def test_a_clump_of_canary_errors_counts_once_within_the_gap() -> None:
+    """Canary errors 1 s apart: the second adds at most the cap; 5 s later one counts in full."""
+    params = EvidenceParams(ratio_min=50.0, ratio_max=50.0, ratio_points=1, prior_power=0.0)
+    proc = MixtureEProcess(params)
+    full = capped_log_ratio(1, 2, 0.01, 50.0, params.cap_nats)
+    proc.update(1, 1, 0.01, at=0.0)
+    assert math.isclose(proc.log_e, full) and full > params.cap_nats
+    proc.update(1, 1, 0.01, at=1.0)
+    assert math.isclose(proc.log_e, full + params.cap_nats)
+    proc.update(1, 1, 0.01, at=6.0)
+    assert math.isclose(proc.log_e, 2 * full + params.cap_nats)
 
 
 @given(st.integers(1, 40), st.floats(0.01, 0.9), st.floats(1.01, 300.0))

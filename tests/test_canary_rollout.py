@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ballast_asgi.canary.blocks import LatencyBaseline, Version
-from ballast_asgi.canary.judges import SequentialJudge, ThresholdJudge
+from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, ThresholdJudge
 from ballast_asgi.canary.rollout import RampPlan, Rollout, State
 
 
@@ -69,6 +69,17 @@ def test_low_traffic_holds_the_step() -> None:
     ro = Rollout(SequentialJudge(), now=0.0, plan=plan)
     _traffic(ro, 0.0, 120)
     assert ro.state is State.RUNNING and ro.step == 0
+
+
+def test_a_ramp_shorter_than_the_fixed_horizon_waits_for_the_test() -> None:
+    """Fixed horizon 120 s, ramp 2 x 10 s: the last step holds until the test ran, then promotes."""
+    plan = RampPlan(steps=(0.1, 0.5), step_s=10.0, min_requests=5)
+    ro = Rollout(FixedHorizonJudge(horizon_s=120.0), now=0.0, plan=plan)
+    t = _traffic(ro, 0.0, 100)
+    assert ro.state is State.RUNNING and ro.step == 1 and ro.weight == 0.5
+    end = _traffic(ro, t + 0.05, 40)
+    assert ro.snapshot(end)["state"] == "promoted" and ro.decision is not None
+    assert ro.decision.at >= 120.0 and ro.decision.evidence["z"] is not None
 
 
 def test_threshold_rule_drives_the_same_machine() -> None:

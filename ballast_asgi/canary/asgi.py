@@ -23,14 +23,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ballast_asgi.admin import Route, _allow, _authorized
 from ballast_asgi.canary.blocks import LatencyBaseline, Version
 from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
+from ballast_asgi.canary.pool import canary_selector, canary_urls
 from ballast_asgi.canary.rollout import RampPlan, Rollout, State
 from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
 from ballast_asgi.canary.split import Split
-from ballast_asgi.config.models import CanaryConfig
+from ballast_asgi.config.models import CanaryConfig, GatewayConfig
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import LATENCY_BUCKETS
 from ballast_asgi.middleware.responses import send_json
-from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
+from ballast_asgi.proxy.upstream import Selector
 
 TokenFn = Callable[[], "str | None"]
 _HEADER = b"x-ballast-version"
@@ -47,19 +48,23 @@ class CanaryRuntime:
         registry: CollectorRegistry,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
+        gateway: GatewayConfig | None = None,
     ) -> None:
-        if config.upstream is None:
+        urls = canary_urls(config.upstream)
+        if not urls:
             raise ValueError("canary.upstream is required for a canary")
         self.config = config
         self.clock = clock
-        judge = make_judge(config.rule, alpha=config.alpha, horizon_s=config.horizon_ms / 1000)
+        seq = config.sequential
+        judge = make_judge(config.rule, alpha=config.alpha, horizon_s=config.horizon_ms / 1000,
+                           error_share=seq.error_share, params=seq.params())  # fmt: skip
         plan = RampPlan(config.ramp.steps, config.ramp.step_ms / 1000, config.ramp.min_requests)
         baseline = LatencyBaseline(quantile=config.latency_quantile)
         self.rollout = Rollout(judge, now=clock(), weight=config.weight, plan=plan,
                                baseline=baseline)  # fmt: skip
         split = Split(sticky_header=config.sticky_header, sticky_cookie=config.sticky_cookie,
                       rng=rng)  # fmt: skip
-        canary = SingleUpstream(Upstream.parse(config.upstream))
+        canary = canary_selector(urls, gateway, clock=clock, rng=rng or random.Random())
         self.selector = CanarySelector(stable, canary, self.rollout, split, clock=clock,
                                        on_record=self._count)  # fmt: skip
         self._metrics(registry)
@@ -95,7 +100,9 @@ class CanaryRuntime:
         now = self.clock()
         self.rollout.tick(now)
         doc = self.rollout.snapshot(now)
-        doc["upstream"] = self.selector.canary.upstreams()[0].display
+        shown = [u.display for u in self.selector.canary.upstreams()]
+        doc["upstream"] = shown[0] if shown else None
+        doc["upstreams"] = shown
         judge = self.rollout.judge
         if isinstance(judge, FixedHorizonJudge):
             doc["horizon_s"] = judge.horizon_s
@@ -185,11 +192,16 @@ def attach_canary(
     registry: CollectorRegistry,
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
+    gateway: GatewayConfig | None = None,
 ) -> CanaryRuntime | None:
-    """Wrap ``proxy.selector`` (stable: one upstream or a pool) in the canary split, if any."""
+    """Wrap ``proxy.selector`` (stable: one upstream or a pool) in the canary split, if any.
+
+    ``gateway``: the whole config, needed when the canary is a pool (a list of URLs).
+    """
     if config.upstream is None:
         return None
-    runtime = CanaryRuntime(config, proxy.selector, registry=registry, clock=clock, rng=rng)
+    runtime = CanaryRuntime(config, proxy.selector, registry=registry, clock=clock, rng=rng,
+                            gateway=gateway)  # fmt: skip
     proxy.selector = runtime.selector
     return runtime
 

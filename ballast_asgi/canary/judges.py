@@ -2,8 +2,11 @@
 
 * ``SequentialJudge`` (``rule: sequential``): two capped mixture e-processes
   (``evidence.py``), one on errors and one on slow requests, each at its share
-  of ``alpha`` (2/3 on errors, 1/3 on latency: latency regressions are larger
-  relative risks and need less). Rolls back when either e-value reaches
+  of ``alpha`` (``error_share``, 0.8 on errors, 0.2 on latency: a latency
+  regression over the stable p99 is a large relative risk, capped at
+  ``cap_nats`` a second either way, so a smaller share costs it ~1 s, while
+  errors at +5 pp on a 2 % base are a small one whose time is set by
+  ``ln(1 / alpha_errors)``). Rolls back when either e-value reaches
   ``1 / alpha_metric``. Anytime-valid: it may look after every block.
 * ``FixedHorizonJudge`` (``rule: fixed_horizon``): a one-sided two-proportion
   z-test on errors, once, after ``horizon_s`` (10 minutes), at level ``alpha``.
@@ -13,8 +16,11 @@
   (5) failed checks in total roll back. Absolute, so it cannot tell a bad
   canary from a bad day.
 
-The baselines look at errors only. A judge returns a ``Verdict`` (rollback,
-with the reason and the evidence) or None (keep going).
+The baselines look at errors only. ``may_promote`` tells a ramp whether the
+rule has had its say: the fixed horizon only after its test passed (so a ramp
+shorter than the horizon waits at its last step instead of promoting untested).
+A judge returns a ``Verdict`` (rollback, with the reason and the evidence)
+or None (keep going).
 """
 
 from __future__ import annotations
@@ -25,12 +31,12 @@ from statistics import NormalDist
 from typing import Any, Literal, Protocol
 
 from ballast_asgi.canary.blocks import Block
-from ballast_asgi.canary.evidence import DEFAULT_CAP_NATS, MixtureEProcess
+from ballast_asgi.canary.evidence import DEFAULT_PARAMS, EvidenceParams, MixtureEProcess
 
 RuleName = Literal["sequential", "fixed_horizon", "threshold"]
 RULES: tuple[str, ...] = ("sequential", "fixed_horizon", "threshold")
 #: The share of alpha the sequential judge spends on errors (the rest on latency).
-ERROR_SHARE = 2.0 / 3.0
+ERROR_SHARE = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,10 @@ class Judge(Protocol):
         """The current statistic (JSON-safe), for the admin endpoint and the evidence."""
         ...
 
+    def may_promote(self) -> bool:
+        """Whether a ramp may promote now (the rule has nothing left to test)."""
+        ...
+
 
 def _share(part: int, other: int) -> float:
     total = part + other
@@ -99,24 +109,24 @@ class SequentialJudge:
         *,
         alpha: float = 0.01,
         error_share: float = ERROR_SHARE,
-        cap_nats: float = DEFAULT_CAP_NATS,
+        params: EvidenceParams = DEFAULT_PARAMS,
     ) -> None:
         if not 0.0 < alpha < 1.0 or not 0.0 < error_share < 1.0:
             raise ValueError("alpha and error_share must be in (0, 1)")
         self.alpha = alpha
         self.log_bound_errors = -math.log(alpha * error_share)
         self.log_bound_latency = -math.log(alpha * (1.0 - error_share))
-        self.errors = MixtureEProcess(cap_nats=cap_nats)
-        self.latency = MixtureEProcess(cap_nats=cap_nats)
+        self.errors = MixtureEProcess(params)
+        self.latency = MixtureEProcess(params)
         self.totals = Totals()
 
     def update(self, block: Block) -> Verdict | None:
         """Add the block to both e-processes; roll back when one crosses its bound."""
         self.totals.add(block)
         q = _share(block.requests_c, block.requests_s)
-        self.errors.update(block.errors_c, block.errors_s, q)
+        self.errors.update(block.errors_c, block.errors_s, q, block.start)
         q_timed = _share(block.timed_c, block.timed_s)
-        self.latency.update(block.slow_c, block.slow_s, q_timed)
+        self.latency.update(block.slow_c, block.slow_s, q_timed, block.start)
         if self.errors.log_e >= self.log_bound_errors:
             return Verdict("errors", self.statistic())
         if self.latency.log_e >= self.log_bound_latency:
@@ -132,6 +142,10 @@ class SequentialJudge:
             "latency": _eprocess_doc(self.latency, self.log_bound_latency),
             "counts": self.totals.as_dict(),
         }
+
+    def may_promote(self) -> bool:
+        """Always: the e-process is valid whenever it stops (the ramp decides when)."""
+        return True
 
 
 def _eprocess_doc(proc: MixtureEProcess, bound: float) -> dict[str, Any]:
@@ -177,6 +191,10 @@ class FixedHorizonJudge:
             "z_critical": round(NormalDist().inv_cdf(1.0 - self.alpha), 4),
             "counts": self.totals.as_dict(),
         }
+
+    def may_promote(self) -> bool:
+        """Only once the test at the horizon ran (and did not roll back)."""
+        return self.z is not None
 
 
 def two_proportion_z(errors_c: int, n_c: int, errors_s: int, n_s: int) -> float:
@@ -236,11 +254,22 @@ class ThresholdJudge:
             "counts": self.totals.as_dict(),
         }
 
+    def may_promote(self) -> bool:
+        """Always: like Flagger, the ramp's step time is its promotion schedule."""
+        return True
 
-def make_judge(rule: str, *, alpha: float = 0.01, horizon_s: float = 600.0) -> Judge:
+
+def make_judge(
+    rule: str,
+    *,
+    alpha: float = 0.01,
+    horizon_s: float = 600.0,
+    error_share: float = ERROR_SHARE,
+    params: EvidenceParams = DEFAULT_PARAMS,
+) -> Judge:
     """The judge for a rule name (``sequential``, ``fixed_horizon``, ``threshold``)."""
     if rule == "sequential":
-        return SequentialJudge(alpha=alpha)
+        return SequentialJudge(alpha=alpha, error_share=error_share, params=params)
     if rule == "fixed_horizon":
         return FixedHorizonJudge(alpha=alpha, horizon_s=horizon_s)
     if rule == "threshold":
@@ -249,6 +278,7 @@ def make_judge(rule: str, *, alpha: float = 0.01, horizon_s: float = 600.0) -> J
 
 
 __all__ = [
+    "ERROR_SHARE",
     "RULES",
     "FixedHorizonJudge",
     "Judge",

@@ -13,7 +13,9 @@ canary served ``min_requests`` requests in it, so low traffic waits instead
 of promoting on no evidence; after the last step the canary is promoted.
 Without steps the weight stays at the configured value until an operator
 promotes or the judge rolls back. The judge sees every block of the whole run
-(its guarantee holds across steps; it is never reset).
+(its guarantee holds across steps; it is never reset). The last step promotes
+only when the judge ``may_promote`` (the fixed-horizon rule: once its test at
+the horizon ran), so a ramp shorter than the horizon holds its last step.
 
 Time is an argument (``now``, monotonic seconds); nothing here does I/O.
 """
@@ -130,6 +132,8 @@ class Rollout:
         if self._step_requests < self.plan.min_requests:
             return  # low traffic: wait for evidence, never promote on none
         if self._step + 1 >= len(steps):
+            if not self.judge.may_promote():
+                return  # e.g. the fixed horizon has not tested yet: hold the last step
             self._decide(State.PROMOTED, Verdict("ramp_complete", self.judge.statistic()), now)
             return
         self._step += 1

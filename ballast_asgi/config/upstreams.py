@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from ballast_asgi.canary.config import CanarySequentialConfig
 from ballast_asgi.config.base import Frozen, check_url
 
 
@@ -181,12 +182,12 @@ class CanaryRampConfig(Frozen):
 class CanaryConfig(Frozen):
     """A canary version beside the stable upstream, judged by a statistical rule."""
 
-    #: The new version's URL; None: no canary.
-    upstream: str | None = None
+    #: The new version's URL, or a list of URLs (a pool); None: no canary.
+    upstream: str | tuple[str, ...] | None = None
     #: Share of traffic the canary gets (without ramp steps).
     weight: float = Field(0.1, ge=0.0, le=1.0)
     rule: Literal["sequential", "fixed_horizon", "threshold"] = "sequential"
-    #: False-rollback probability the rule allows (split 2/3 errors, 1/3 latency).
+    #: False-rollback probability the rule allows (split by sequential.error_share).
     alpha: float = Field(0.01, gt=0.0, le=0.2)
     #: Keep one user on one version by this header's or cookie's value (else X-Request-Id).
     sticky_header: str | None = None
@@ -196,13 +197,21 @@ class CanaryConfig(Frozen):
     #: The fixed_horizon rule's test time.
     horizon_ms: int = Field(600_000, ge=1_000, le=86_400_000)
     ramp: CanaryRampConfig = CanaryRampConfig()
+    sequential: CanarySequentialConfig = CanarySequentialConfig()
 
     @field_validator("upstream")
     @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9201")
-        return v.rstrip("/")
+    def _url(cls, v: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if v is None or isinstance(v, str):
+            return None if v is None else _canary_url(v)
+        if not v:
+            raise ValueError("a list of canary URLs must not be empty (use null for no canary)")
+        urls = tuple(_canary_url(u) for u in v)
+        return urls[0] if len(urls) == 1 else urls
+
+
+def _canary_url(v: str) -> str:
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9201")
+    return v.rstrip("/")

@@ -54,26 +54,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="how long the identical canary runs live (600)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--reuse", type=Path, default=None, help="a runs/canary-* dir: skip the sim")
+    p.add_argument("--live-from", type=Path, default=None,
+                   help="a runs/canary-* dir: reuse its live run")  # fmt: skip
     p.add_argument("--docs", type=Path, default=ROOT / "docs" / "canary.md")
     args = p.parse_args(argv)
     out = args.out or ROOT / "runs" / time.strftime("canary-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if args.reuse is not None:
-        results, sim_s = pickle.loads((args.reuse / "results.pkl").read_bytes())
+        results, sim_s, sweep = pickle.loads((args.reuse / "results.pkl").read_bytes())
     else:
         results = simulate_all(args.trials, args.seed, args.workers)
+        sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
-        (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s)))
+        (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
     live: dict[str, Any] | None = None
-    if not args.no_live:
+    if args.live_from is not None:
+        live = json.loads((args.live_from / "results.json").read_text())["live"]
+    elif not args.no_live:
         from experiments.canary import live as live_run
 
         live = live_run.run_all(args.live_good_seconds)
     doc = {"trials": args.trials, "seed": args.seed, "simulation_s": sim_s, "live": live,
-           "results": [r.as_dict() for r in results]}  # fmt: skip
+           "results": [r.as_dict() for r in results],
+           "cap_sweep": [report.sweep_dict(r) for r in sweep]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    text = report.render(results, live, trials=args.trials, seed=args.seed, sim_s=sim_s)
+    text = report.render(results, sweep, live, trials=args.trials, seed=args.seed, sim_s=sim_s)
     (out / "canary.md").write_text(text)
     if args.trials >= 300 and live is not None:
         args.docs.write_text(text)

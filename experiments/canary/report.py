@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import platform
+from dataclasses import asdict
 from typing import Any
 
 from experiments.canary import tables
-from experiments.canary.sim import Result
+from experiments.canary.sim import Result, SweepRow
 
 HEAD = """# Canary releases judged by a statistical rule
 
@@ -18,20 +20,28 @@ every number here; raw results go to `runs/canary-*/results.json`.
 
 The gateway splits traffic between `stable` and `canary` (a weight, sticky
 per cookie / header / `X-Request-Id`), cuts time into 1 s blocks and counts,
-per block and version, requests, errors (5xx, connect failures, timeouts) and
-*slow* successes (over the stable version's p99 of the previous 30 s). The
-sequential judge asks, for each block, which version the block's errors (or
-slow requests) came from: under "no difference" each one is a canary event
-with probability equal to the canary's share of the block's traffic,
+per block and version, requests, errors (5xx, connect failures, timeouts)
+and *slow* successes (over the stable version's p99 of the previous 30 s).
+The sequential judge asks, for each block, which version the block's errors
+(or slow requests) came from: under "no difference" each one is a canary
+event with probability equal to the canary's share of the block's traffic,
 whatever the overall error rate is, so a downstream outage that hits both
 versions is not evidence. A mixture of likelihood ratios over relative risks
-x2 to x250 gives an e-process (anytime-valid: the false-rollback
-probability stays below alpha however often it looks); alpha is split 2/3 on
-errors and 1/3 on latency. Each block may add at most 0.6 nats (or what one
-canary error adds, when more), so a short error burst on the canary's one
-instance must persist for about 10 s at full strength before it counts.
-Low traffic adds no evidence: the judge waits, it never fails a canary for
-lack of data. Math and references: `ballast_asgi/canary/evidence.py`.
+x2 to x250 gives an e-process (anytime-valid: for independent errors the
+false-rollback probability stays below alpha however often it looks); alpha
+is split 0.8 on errors and 0.2 on latency. The mixture's prior weights fall
+as ln(r)^-2, so most of the mass sits on the small relative risks that take
+longest to see (+5 pp on a 2 % base is r = 3.5); a large r pays for its
+smaller weight with a few seconds (see the targets' reading). Two bounds
+keep a good canary whose errors come in bursts (which breaks the
+independence the guarantee needs) from being rolled back: each 1 s block may
+add at most 0.6 nats, so a burst at high traffic must persist for about 10 s
+at full strength before it counts; and a block may add what one canary error
+adds (when that is more) only if no block did so in the previous 2 s, so at
+low traffic a clump of errors counts as one error plus at most 0.6 nats a
+second. Low traffic adds no evidence: the judge waits, it never fails a
+canary for lack of data. Every constant is a validated key under
+`canary.sequential`. Math and references: `ballast_asgi/canary/evidence.py`.
 
 Baselines, selectable with `canary.rule`: `fixed_horizon` (a one-sided
 two-proportion z-test on errors after 10 minutes at alpha) and `threshold`
@@ -49,8 +59,21 @@ canary:
   alpha: 0.01
   sticky_cookie: session            # optional: one user, one version
   ramp: {{steps: [0.01, 0.05, 0.25, 0.5], step_ms: 60000, min_requests: 100}}
+  sequential:                       # the sequential rule's constants (defaults shown)
+    error_share: 0.8                # alpha on errors; the rest on latency
+    cap_nats: 0.6                   # most one 1 s block adds (burst robustness)
+    single_event_gap_ms: 2000       # one full canary error per 2 s, then the cap
+    ratio_min: 2.0                  # relative risks the mixture covers...
+    ratio_max: 250.0
+    ratio_points: 12
+    prior_power: 2.0                # ...weighted by ln(r)^-2
 ```
 
+`canary.upstream` may also be a list of URLs: the canary side is then a pool
+balanced with the `upstreams.*` settings (per-instance limiter and breaker,
+passive ejection; no active probes, which need the stable pool's lifespan).
+The judge still compares versions; an error burst on one of several canary
+instances is averaged with the others, as on stable.
 Every key is in `examples/ballast.example.yaml`. Responses carry
 `X-Ballast-Version: stable|canary`. `GET /_ballast/canary` returns `state`
 (`running`, `rolled_back`, `promoted`, or `none`), `weight`, `counts` per
@@ -61,7 +84,9 @@ decided, the `decision` with its reason and evidence. `POST
 weight to 0 at once (requests in flight finish); a promotion sends all
 traffic to the canary, which is then labelled `stable`. With ramp steps each
 step passes after `step_ms` and `min_requests` canary requests, and the last
-one promotes. Metrics: `ballast_canary_requests_total{{version,result}}`,
+one promotes (with `rule: fixed_horizon`, not before its test at the horizon
+ran: a shorter ramp holds its last step until then).
+Metrics: `ballast_canary_requests_total{{version,result}}`,
 `ballast_canary_latency_seconds{{version}}`, `ballast_canary_weight`,
 `ballast_canary_state{{state}}`, `ballast_canary_log_e_value{{metric}}`.
 Canary settings need a restart (a reload that changes them is refused).
@@ -81,36 +106,82 @@ slow-request test compares against the exact stable p99 in the simulation
 """
 
 
+SWEEP = """## What the cap trades at 2,000 rps
+
+The same simulated blocks judged with other values of `canary.sequential.cap_nats`
+(everything else at its default): the worst bursty identical canary over the
+12 cells at 2,000 rps (no outage), and the median seconds to roll back +5 pp
+errors on a 2 % base (`-`: fewer than half caught in 5 minutes).
+
+"""
+
 READING = """### Reading the targets
 
+The first version of the rule (uniform prior over x2..x250, alpha split 2/3
+errors, a one-event allowance in every block) measured on the same grid and
+seed: worst false-rollback cell 1.3 %, +5 pp at 200 rps / 1 % share in 102
+s, at 2,000 rps in 30 s.
+
 *False rollbacks.* For independent errors the bound is a theorem (Ville's
-inequality), so a cell above alpha there can only be sampling noise: with
-300 trials a true rate of 1 % gives 4 or more rollbacks in about a third of
-the runs. The bursty model breaks the independence the theorem assumes; there
-the per-block cap is what keeps the rate near alpha, and it is measured, not
-proved.
+inequality): pooled over the 48 independent cells {ind_pooled} of good
+canaries were rolled back (alpha is 1 %). The bursty model breaks the
+independence the theorem needs: a burst on the canary's one instance *is* a
+short regression, and its errors come clumped. Pooled over the 48 bursty
+cells the rate is {bur_pooled} (the first version: 0.37 %); the worst single
+cell is {bur_worst} ({bur_worst_k} of {trials}; 95 % interval {bur_ci}).
+With {trials} trials a cell whose true rate is 0.7 % shows 5 or more
+rollbacks 6 % of the time, so the worst of 48 cells says more about sampling
+than about the rule; no cell is above 1 % in both bursty columns (with and
+without the outage, nearly the same condition sampled twice). We do not
+claim this target: it asks for every cell, and the bursty cells are only
+measured, not bounded. What would bound them is a model of the bursts (their
+length and rate per instance), which the judge does not have; the cap (burst
+length) and the one-event gap (error clumps) are the two assumptions it
+makes instead.
 
 *Detection at 200 rps and a 1 % share.* The canary serves 2 requests a
-second; at 2 % base error a +5 pp regression adds one canary error every
-10 s. The information a second of that traffic carries (the Kullback-Leibler
-rate of the canary's error count against the stable rate) is about 0.075
-nats, so even a test told the effect size in advance needs ln(1/alpha) = 4.6
-nats, about 60 s, on average; not knowing the effect (the mixture) and
-keeping a third of alpha for latency add the rest. At lower base errors the
-same cell is much faster (the +5 pp table below).
+second; at 2 % base error a +5 pp regression (relative risk 3.5) makes it
+fail one request every 7 s instead of one every 25 s. The information a
+second of that traffic carries (the Kullback-Leibler rate of which version
+each error came from) is about 0.074 nats, so even a test told the effect
+size in advance needs ln(1 / (0.8 alpha)) = 4.8 nats, about 65 s, on
+average. The prior's weights now fall as ln(r)^-2, which puts 0.29 of the
+mass on the two grid points around 3.5 (the uniform prior gave them 0.17):
+the mixture's cost drops from about 1.8 to about 1.2 nats, and 0.8 instead
+of 2/3 of alpha on errors saves another 0.2. The price is paid by large
+relative risks, which are quick anyway: +5 pp on a 0.1 % base (r = 51) at
+200 rps and a 1 % share went from 23 to {sparse_s}. What is left above the
+oracle is the mixture's cost and the one-event gap (an error within 2 s of
+one that counted in full adds at most the cap: about 6 s here in exploratory
+runs, the price of keeping clumped errors from counting several times).
 
-*Detection at 2,000 rps.* With a 5-25 % share the binding limit is the cap
-of 0.6 nats per one-second block that protects against short error bursts on
-the canary's instance: at least ln(150) / 0.6 = 8.4 s. A larger cap is
-faster and pays in false rollbacks under bursts (an exploratory run with a
-1-nat cap: about 7 s at a 25 % share, but up to 8 % false rollbacks in
-bursty cells). With a 1 % share (20 canary requests a second) the
-information rate binds again at high base errors.
+*Detection at 2,000 rps.* The binding limit is the cap: at 20 canary
+requests a second and 2 % base errors a block's log likelihood ratio at r =
+3.5 has mean 0.74 and standard deviation 1.5 nats, so capping it at 0.6
+keeps little of it. A larger cap is faster and rolls back more bursty good
+canaries (the sweep below): a cap of {fast_cap} nats gives {fast_s} at a 1 %
+share and rolls back {sweep_fast} of bursty good canaries in the worst cell.
+This is not a tuning problem: a 4 s burst on the canary's instance at 10x a
+2 % base is 16 errors in 80 requests, more evidence by count than 10 s of +5
+pp (14 in 200). Only the shape tells them apart (the burst is concentrated,
+the regression spread), and the per-block cap is how the judge reads shape:
+at the cap that reaches 10 s, bursts of about 4 s, one spell in eight,
+already count. Nothing else we tried in exploratory runs met both targets
+there: capping the total of 5 or 10 s windows instead of each second let one
+burst fill a window (14 % and 30 % false rollbacks), and a token bucket on
+the gain (0.6 nats/s, 2 nats deep) let every burst add the bucket (9 %). The
+default chooses the false-rollback target.
 """
 
 
 def render(
-    results: list[Result], live: dict[str, Any] | None, *, trials: int, seed: int, sim_s: float
+    results: list[Result],
+    sweep: list[SweepRow],
+    live: dict[str, Any] | None,
+    *,
+    trials: int,
+    seed: int,
+    sim_s: float,
 ) -> str:
     """The whole report."""
     machine = f"{platform.machine()}, Python {platform.python_version()}"
@@ -118,7 +189,7 @@ def render(
     parts = [
         HEAD.format(trials=trials, seed=seed, sim_s=sim_s, machine=machine),
         "## Targets\n\n" + target_rows,
-        READING,
+        READING.format(**tables.reading_numbers(results, sweep, trials)),
         "## How often a good version gets rolled back\n\n"
         "Identical canary, 10 minutes; share of trials rolled back.\n\n"
         + tables.false_rollbacks(results),
@@ -130,9 +201,18 @@ def render(
         "their latency rows are the false rollbacks they would have made anyway.\n\n"
         + tables.detection(results, 0.01),
         "+5 pp errors, sequential rule, every base error:\n\n" + tables.pp5_by_base(results),
+        SWEEP + tables.cap_sweep(sweep),
         live_section(live),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def sweep_dict(row: SweepRow) -> dict[str, Any]:
+    """JSON-safe cap sweep row."""
+    return {"cap_nats": row.cap, "worst_false_rollbacks": row.worst_false,
+            "worst_cell": asdict(row.worst_false_cell),
+            "pp5_median_s": {str(k): (v if math.isfinite(v) else None)
+                             for k, v in row.pp5_median_s.items()}}  # fmt: skip
 
 
 def live_section(live: dict[str, Any] | None) -> str:

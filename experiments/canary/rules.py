@@ -14,11 +14,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ballast_asgi.canary.evidence import DEFAULT_CAP_NATS, DEFAULT_RATIOS
+from ballast_asgi.canary.evidence import DEFAULT_PARAMS, EvidenceParams
 from ballast_asgi.canary.judges import ERROR_SHARE
 from experiments.canary.model import Blocks
-
-CHUNK = 40
 
 
 def _share(part: np.ndarray, other: np.ndarray) -> np.ndarray:
@@ -28,41 +26,58 @@ def _share(part: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 
 def _crossing(
-    events_c: np.ndarray, events_s: np.ndarray, share: np.ndarray, log_bound: float, cap: float
+    events_c: np.ndarray,
+    events_s: np.ndarray,
+    share: np.ndarray,
+    log_bound: float,
+    params: EvidenceParams,
 ) -> np.ndarray:
-    """Seconds (block index + 1) at which the capped mixture first reaches the bound."""
-    ratios = np.asarray(DEFAULT_RATIOS)
-    log_r = np.log(ratios)
-    log_k = math.log(len(ratios))
-    out = np.full(events_c.shape[0], np.inf)
-    for lo in range(0, events_c.shape[0], CHUNK):
-        sl = slice(lo, lo + CHUNK)
-        ec, e, q = events_c[sl], events_c[sl] + events_s[sl], share[sl]
-        live = (e > 0) & (q > 0.0) & (q < 1.0)
-        drag = e[..., None] * np.log1p(q[..., None] * (ratios - 1.0))
-        ll = ec[..., None] * log_r - drag
-        ll = np.minimum(ll, np.maximum(cap, log_r - drag))
-        ll = np.where(live[..., None], ll, 0.0)
-        sums = np.cumsum(ll, axis=1)
-        top = sums.max(axis=2)
-        log_e = top + np.log(np.exp(sums - top[..., None]).sum(axis=2)) - log_k
-        hit = log_e >= log_bound
-        first = hit.argmax(axis=1).astype(float) + 1.0
-        out[sl] = np.where(hit.any(axis=1), first, np.inf)
+    """Seconds (block index + 1) at which the capped mixture first reaches the bound.
+
+    One step per block over all trials and grid points at once (the one-event
+    allowance depends on the past, so blocks are taken in order); stops early
+    once every trial has crossed.
+    """
+    ratios = np.asarray(params.ratios())
+    log_r, log_w = np.log(ratios), np.asarray(params.log_weights())
+    cap, gap = params.cap_nats, params.single_event_gap_s
+    trials, seconds = events_c.shape
+    events = events_c + events_s
+    live = (events > 0) & (share > 0.0) & (share < 1.0)
+    sums = np.zeros((trials, len(ratios)))
+    last = np.full((trials, len(ratios)), -np.inf)
+    out = np.full(trials, np.inf)
+    for t in range(seconds):
+        on = live[:, t]
+        if not on.any():
+            continue
+        drag = events[on, t, None] * np.log1p(share[on, t, None] * (ratios - 1.0))
+        single = np.where(t - last[on] >= gap, log_r - drag, -np.inf)
+        add = np.minimum(events_c[on, t, None] * log_r - drag, np.maximum(cap, single))
+        last[on] = np.where(add > cap, float(t), last[on])
+        sums[on] += add
+        top = sums.max(axis=1)
+        log_e = top + np.log(np.exp(sums - top[:, None] + log_w).sum(axis=1))
+        out = np.where((log_e >= log_bound) & np.isinf(out), t + 1.0, out)
+        if np.isfinite(out).all():
+            break
     return out
 
 
 def sequential(
-    b: Blocks, alpha: float, error_share: float = ERROR_SHARE, cap: float = DEFAULT_CAP_NATS
+    b: Blocks,
+    alpha: float,
+    error_share: float = ERROR_SHARE,
+    params: EvidenceParams = DEFAULT_PARAMS,
 ) -> np.ndarray:
     """Our rule: errors at ``alpha * error_share``, slow requests at the rest; first to cross."""
     err = _crossing(
         b.errors_c, b.errors_s, _share(b.requests_c, b.requests_s),
-        -math.log(alpha * error_share), cap,
+        -math.log(alpha * error_share), params,
     )  # fmt: skip
     lat = _crossing(
         b.slow_c, b.slow_s, _share(b.timed_c, b.timed_s),
-        -math.log(alpha * (1.0 - error_share)), cap,
+        -math.log(alpha * (1.0 - error_share)), params,
     )  # fmt: skip
     first: np.ndarray = np.minimum(err, lat)
     return first

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from ballast_asgi.canary.evidence import DEFAULT_PARAMS
 from experiments.canary import rules
-from experiments.canary.model import REGRESSIONS, Cell, Regression, simulate
+from experiments.canary.model import NONE, REGRESSIONS, Cell, Regression, simulate
 
 RPS = (200, 2000)
 SHARES = (0.01, 0.05, 0.25)
@@ -93,3 +94,41 @@ def h1_cells() -> Iterator[tuple[Cell, Regression]]:
             for share in SHARES:
                 for base in BASE_ERRORS if reg is REGRESSIONS[0] else (DETECTION_BASE,):
                     yield Cell(rps, share, base), reg
+
+
+#: The caps the sweep compares (the default is one of them).
+SWEEP_CAPS = (0.3, 0.6, 1.0, 1.5)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One cap: the worst bursty false-rollback cell at 2,000 rps and the +5 pp detection there."""
+
+    cap: float
+    worst_false: float
+    worst_false_cell: Cell
+    pp5_median_s: dict[float, float]
+
+
+def cap_sweep(trials: int, seed: int, caps: tuple[float, ...] = SWEEP_CAPS) -> list[SweepRow]:
+    """What the per-block cap trades at 2,000 rps: bursty false rollbacks against +5 pp speed.
+
+    The same simulated blocks are judged at every cap (bursty identical canaries
+    at every share and base error, no outage; +5 pp at every share, 2 % base).
+    """
+    h0 = [Cell(2000, s, b, model="bursty") for s in SHARES for b in BASE_ERRORS]
+    h0_blocks = [simulate(c, NONE, trials, H0_HORIZON_S,
+                          np.random.default_rng(_seed(seed, "sweep", c))) for c in h0]  # fmt: skip
+    h1 = [Cell(2000, s, 0.02) for s in SHARES]
+    h1_blocks = [simulate(c, REGRESSIONS[0], trials, 300,
+                          np.random.default_rng(_seed(seed, "sweep", c))) for c in h1]  # fmt: skip
+    rows = []
+    for cap in caps:
+        params = replace(DEFAULT_PARAMS, cap_nats=cap)
+        rates = [float(np.isfinite(rules.sequential(b, ALPHA, params=params)).mean())
+                 for b in h0_blocks]  # fmt: skip
+        worst = max(range(len(h0)), key=rates.__getitem__)
+        meds = {c.share: float(np.median(rules.sequential(b, ALPHA, params=params)))
+                for c, b in zip(h1, h1_blocks, strict=True)}  # fmt: skip
+        rows.append(SweepRow(cap, rates[worst], h0[worst], meds))
+    return rows

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 
 from experiments.canary.model import REGRESSIONS
-from experiments.canary.sim import BASE_ERRORS, MODELS, RPS, RULES, SHARES, Result
+from experiments.canary.sim import BASE_ERRORS, MODELS, RPS, RULES, SHARES, Result, SweepRow
 
 RULE_NAMES = {"sequential": "sequential (ours)", "fixed_horizon": "fixed horizon, 10 min z-test",
               "threshold": "threshold (Flagger-like)"}  # fmt: skip
@@ -102,3 +102,54 @@ def pp5_by_base(results: Iterable[Result]) -> str:
         cells = " | ".join(_speed(pp5[(rps, s, base)]) for rps, s in cols)
         rows.append(f"| {100 * base:g} % | {cells} |")
     return "\n".join(rows)
+
+
+def cap_sweep(rows: Iterable[SweepRow]) -> str:
+    """Per cap: worst bursty false rollbacks at 2,000 rps and +5 pp detection per share."""
+    rows = list(rows)
+    shares = sorted(rows[0].pp5_median_s) if rows else []
+    head = " | ".join(f"+5 pp, {100 * s:g} % share" for s in shares)
+    out = [f"| cap (nats per block) | worst bursty false rollbacks | cell | {head} |",
+           "| --- | --- | --- |" + " --- |" * len(shares)]  # fmt: skip
+    for r in rows:
+        meds = " | ".join("-" if not math.isfinite(r.pp5_median_s[s]) else
+                          f"{r.pp5_median_s[s]:.0f} s" for s in shares)  # fmt: skip
+        c = r.worst_false_cell
+        cell = f"{100 * c.share:g} % share, {100 * c.base_error:g} % base"
+        out.append(f"| {r.cap:g} | {_pct(r.worst_false)} | {cell} | {meds} |")
+    return "\n".join(out)
+
+
+def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval for k successes in n trials."""
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def reading_numbers(
+    results: Iterable[Result], sweep: Iterable[SweepRow], trials: int
+) -> dict[str, str]:
+    """Pooled and worst false-rollback rates of ours and the sweep's fastest cap, for the text."""
+    h0 = [r for r in results if r.rule == "sequential" and r.regression == "none"]
+    ind = [r.rate for r in h0 if r.cell.model == "independent"]
+    bur = [r for r in h0 if r.cell.model == "bursty"]
+    worst = max(bur, key=lambda r: r.rate)
+    k = round(worst.rate * len(worst.times))
+    lo, hi = _wilson(k, len(worst.times))
+    fastest = max(sweep, key=lambda r: r.cap)
+    sparse = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
+              and (r.cell.rps, r.cell.share, r.cell.base_error) == (200, 0.01, 0.001)]  # fmt: skip
+    return {
+        "ind_pooled": _pct(sum(ind) / len(ind)),
+        "bur_pooled": _pct(sum(r.rate for r in bur) / len(bur)),
+        "bur_worst": _pct(worst.rate),
+        "bur_worst_k": str(k),
+        "bur_ci": f"{_pct(lo)} - {_pct(hi)}",
+        "trials": str(trials),
+        "sweep_fast": _pct(fastest.worst_false),
+        "fast_cap": f"{fastest.cap:g}",
+        "fast_s": f"{fastest.pp5_median_s[0.01]:.0f} s",
+        "sparse_s": f"{sparse[0].median_s:.0f} s" if sparse else "-",
+    }

@@ -75,7 +75,9 @@ async def test_sync_mode_splits_the_limit_by_demand(redis: RedisProcess) -> None
             await lim.close()
     elapsed = time.monotonic() - start
     perfect = limits.burst + limits.rate_per_s * elapsed
-    assert 0.8 * perfect <= admitted <= 1.1 * perfect
+    # Never over; the lower bound is loose because a starved event loop (a loaded CI
+    # machine) delays the 20 ms reconcile, and the shares then lag the demand.
+    assert 0.6 * perfect <= admitted <= 1.1 * perfect
     assert sum(lim.stats.redis_calls[("sync", "ok")] for lim in pair) >= 2
 
 

@@ -11,7 +11,7 @@ from ballast_asgi.core.outcome import AttemptOutcome, Outcome, limiter_signal
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.proxy.app import ProxyApp
-from ballast_asgi.proxy.transport import yarl_url
+from ballast_asgi.proxy.transport import direct_url, yarl_url
 from ballast_asgi.proxy.upstream import SingleUpstream, Upstream, UpstreamURLError, redact_url
 
 HOSTILE = [
@@ -97,10 +97,20 @@ def test_url_host_is_always_the_upstreams(target: bytes) -> None:
     assert y.raw_path_qs.encode() == b"/base" + target
 
 
+@pytest.mark.parametrize("base", ["http://127.0.0.1:9101", "http://u.test/base", "https://[::1]"])
+@pytest.mark.parametrize("target", [b"", b"/", b"?q=1", b"/a/b?x=%2F&y", b"//h:1/x", b"/a@h:2/x"])
+def test_direct_url_is_the_httpx_paths_url(base: str, target: bytes) -> None:
+    """The direct aiohttp path builds the same URL as httpx's URL converted by yarl_url."""
+    up = Upstream.parse(base)
+    assert direct_url(up, target) == yarl_url(up.url(target))
+
+
 def test_url_refuses_non_origin_form() -> None:
     """Upstream.url refuses a target that does not start with a slash."""
     with pytest.raises(ValueError):
         Upstream.parse("http://u.test").url(b"*@evil:1/x")
+    with pytest.raises(ValueError):
+        direct_url(Upstream.parse("http://u.test"), b"*@evil:1/x")
 
 
 def test_ipv6_upstream_url() -> None:

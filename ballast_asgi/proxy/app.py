@@ -30,13 +30,17 @@ docs/proxying.md says it for users):
   wait for the head and each read.
 * Failures are translated in one place (``failures.py``): timeouts -> 504,
   connect and protocol errors -> 502.
+* The call itself (``calls.py``): on the default aiohttp transport an
+  in-memory body goes without httpx objects (``send_direct``); everything else
+  (streamed bodies, injected transports such as ``httpx.MockTransport``) is an
+  ``httpx.Request`` through the transport. Same bytes, same errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, cast
 
 import httpx
@@ -58,6 +62,7 @@ from ballast_asgi.proxy.body import (
     read_body,
     relay,
 )
+from ballast_asgi.proxy.calls import Response, Timeouts, direct_call, httpx_request
 from ballast_asgi.proxy.failures import (
     BAD_TARGET,
     ERROR_BODIES,
@@ -66,20 +71,12 @@ from ballast_asgi.proxy.failures import (
     status_outcome,
     too_large,
 )
-from ballast_asgi.proxy.headers import (
-    DEADLINE,
-    origin_form,
-    raw_target,
-    request_headers,
-    response_headers,
-)
+from ballast_asgi.proxy.headers import DEADLINE, origin_form, request_headers, response_headers
 from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
-from ballast_asgi.proxy.transport import AiohttpTransport, make_transport
+from ballast_asgi.proxy.transport import AiohttpTransport, DirectResponse, make_transport
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
-#: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
-Timeouts = dict[str, Any]
 _NO_BODY_STATUSES = frozenset({204, 304})
 #: A timeout this close to the request's deadline was the deadline, not the upstream.
 _DEADLINE_SLACK_S = 0.002
@@ -115,6 +112,8 @@ class ProxyApp:
         self.clock = clock
         self._injected = transport
         self._bounds_total = False
+        #: Our aiohttp transport: in-memory bodies skip the httpx objects (``send_direct``).
+        self._direct: AiohttpTransport | None = None
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
         self._default_timeout = _timeouts(config.timeout_ms / 1000.0, config)
@@ -135,6 +134,7 @@ class ProxyApp:
         #: aiohttp bounds the whole exchange by the deadline itself (``total``); any
         #: other transport gets an asyncio timeout around the wait for the head.
         self._bounds_total = isinstance(transport, AiohttpTransport)
+        self._direct = transport if isinstance(transport, AiohttpTransport) else None
         self._client = httpx.AsyncClient(
             transport=transport,
             follow_redirects=False,
@@ -153,6 +153,7 @@ class ProxyApp:
     async def aclose(self) -> None:
         """Close the shared client and its transport (idempotent)."""
         client, self._client, self._transport = self._client, None, None
+        self._direct = None
         if client is not None:
             await client.aclose()
 
@@ -193,7 +194,7 @@ class ProxyApp:
             source = RequestBodyStream(receive, limit)
             if chunked and length is None:
                 headers.append((b"transfer-encoding", b"chunked"))
-            stream: httpx.AsyncByteStream = source
+            stream: httpx.AsyncByteStream | bytes = source
         else:
             try:
                 body = await read_body(receive, limit)
@@ -205,7 +206,7 @@ class ProxyApp:
                 return
             if body and length is None:  # an ASGI server that gave neither header
                 headers.append((b"content-length", str(len(body)).encode("ascii")))
-            stream = httpx.ByteStream(body)
+            stream = body
         await self._forward(scope, receive, send, ctx, headers, stream, source)
 
     async def _forward(
@@ -215,7 +216,7 @@ class ProxyApp:
         send: Send,
         ctx: RequestContext | None,
         headers: RawHeaders,
-        stream: httpx.AsyncByteStream,
+        stream: httpx.AsyncByteStream | bytes,
         source: RequestBodyStream | None,
     ) -> None:
         timeout, deadline_ms = self._timeout_for(ctx)
@@ -230,45 +231,43 @@ class ProxyApp:
         upstream = self.selector.choose(ctx, tried)
         host = client_host(scope) if self.config.preserve_host else None
         headers.insert(0, (b"host", host or upstream.netloc))
-        request = httpx.Request(
-            scope["method"],
-            upstream.url(raw_target(scope)),
-            headers=headers,
-            stream=stream,
-            extensions={"timeout": timeout},
-        )
-        if source is None:
-            request.read()
+        call = direct_call(self._direct, scope, upstream, headers, stream, timeout)
+        if call is None:
+            request = httpx_request(scope, upstream, headers, stream, timeout, source)
+            call = self._send_httpx(request)
         head_s = timeout["read"] if "total" in timeout and not self._bounds_total else None
-        response = await self._attempt(request, upstream, send, ctx, source, head_s)
+        response = await self._attempt(call, upstream, send, ctx, source, head_s)
         if response is not None:
             try:
                 await self._respond(response, upstream, scope, receive, send, ctx, source)
             finally:
                 await response.aclose()
 
-    async def _attempt(
-        self,
-        request: httpx.Request,
-        upstream: Upstream,
-        send: Send,
-        ctx: RequestContext | None,
-        source: RequestBodyStream | None,
-        head_s: float | None,
-    ) -> httpx.Response | None:
-        """One upstream call up to the response head (bounded by ``head_s``), recorded once."""
+    async def _send_httpx(self, request: httpx.Request) -> httpx.Response:
         transport = self._transport
         if transport is None:
             await self.startup()
             transport = self._transport
             assert transport is not None
+        return await transport.handle_async_request(request)
+
+    async def _attempt(
+        self,
+        call: Awaitable[Response],
+        upstream: Upstream,
+        send: Send,
+        ctx: RequestContext | None,
+        source: RequestBodyStream | None,
+        head_s: float | None,
+    ) -> Response | None:
+        """One upstream call up to the response head (bounded by ``head_s``), recorded once."""
         started = self.clock()
         try:
             if head_s is None:
-                response = await transport.handle_async_request(request)
+                response = await call
             else:
                 async with asyncio.timeout(head_s):
-                    response = await transport.handle_async_request(request)
+                    response = await call
         except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
             return None
@@ -302,7 +301,7 @@ class ProxyApp:
 
     async def _respond(
         self,
-        response: httpx.Response,
+        response: Response,
         upstream: Upstream,
         scope: Scope,
         receive: Receive,
@@ -311,7 +310,8 @@ class ProxyApp:
         source: RequestBodyStream | None,
     ) -> None:
         status = response.status_code
-        headers, length, location = response_headers(response.headers.raw)
+        raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
+        headers, length, location = response_headers(raw)
         if location and not self.config.preserve_host:
             headers = rewrite_locations(headers, upstream, scope)
         try:

@@ -40,6 +40,7 @@ from multidict import CIMultiDict, istr
 from yarl import URL
 
 from ballast_asgi.config import ProxyConfig
+from ballast_asgi.proxy.upstream import Upstream
 
 #: Headers aiohttp would add on its own; a proxy adds none of them.
 _SKIP_AUTO_HEADERS = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
@@ -83,7 +84,7 @@ _LEAN_AUTO = {istr(name) for name in aiohttp.ClientRequest.DEFAULT_HEADERS} | {
 } <= _SKIP_FROZEN
 
 
-def map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+def map_error(exc: BaseException, request: httpx.Request | None) -> httpx.TransportError:
     """The httpx exception that stands for an aiohttp (or socket) failure."""
     message = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -122,12 +123,29 @@ def yarl_url(url: httpx.URL) -> URL:
     path = url.raw_path
     if not path.startswith(b"/"):
         raise ValueError("request target is not origin-form")  # the proxy refused it already
-    raw, _, query = path.decode("ascii").partition("?")
-    host = url.raw_host.decode("ascii")
+    return _build(url.scheme, url.raw_host.decode("ascii"), url.port, path.decode("ascii"))
+
+
+def direct_url(upstream: Upstream, target: bytes) -> URL:
+    """aiohttp's URL for ``target`` at ``upstream`` without an ``httpx.URL`` in between.
+
+    The same URL as ``yarl_url(upstream.url(target))``: scheme, host and port
+    from the parsed upstream, ``base_path + target`` as path and query.
+    """
+    if target[:1] not in (b"/", b"?", b""):
+        raise ValueError("request target is not origin-form")
+    path = (upstream.base_path + target).decode("ascii")
+    if not path.startswith("/"):
+        path = "/" + path
+    return _build(upstream.scheme, upstream.host, upstream.port, path)
+
+
+def _build(scheme: str, host: str, port: int | None, path_qs: str) -> URL:
+    raw, _, query = path_qs.partition("?")
     return URL.build(
-        scheme=url.scheme,
+        scheme=scheme,
         host=f"[{host}]" if ":" in host else host,
-        port=url.port,
+        port=port,
         path=raw,
         query_string=query,
         encoded=True,
@@ -139,6 +157,11 @@ def _timeout(extensions: Mapping[str, object]) -> aiohttp.ClientTimeout:
     t = extensions.get("timeout")
     if not isinstance(t, dict):
         return aiohttp.ClientTimeout(total=None)
+    return client_timeout(t)
+
+
+def client_timeout(t: Mapping[str, float | None]) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout from httpx's ``{"connect", "read", "write", "pool"}`` (+ ``total``)."""
     connect, pool, read = t.get("connect"), t.get("pool"), t.get("read")
     acquire = None if connect is None else connect + (pool or 0.0)
     total = t.get("total")  # the request's deadline: bounds the whole exchange, body included
@@ -150,7 +173,7 @@ class AiohttpResponseStream(httpx.AsyncByteStream):
 
     __slots__ = ("_done", "_request", "_response")
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request | None) -> None:
         self._response = response
         self._request = request
         self._done = False
@@ -176,8 +199,35 @@ class AiohttpResponseStream(httpx.AsyncByteStream):
             self._response.close()
 
 
+class DirectResponse:
+    """An upstream response head and its body stream, without ``httpx.Response`` around it.
+
+    What the proxy reads of a response (``status_code``, ``raw_headers``,
+    ``stream``, ``aclose``) on ``AiohttpTransport.send_direct``'s path.
+    """
+
+    __slots__ = ("raw_headers", "status_code", "stream")
+
+    def __init__(
+        self, status: int, raw_headers: list[tuple[bytes, bytes]], stream: AiohttpResponseStream
+    ) -> None:
+        self.status_code = status
+        self.raw_headers = raw_headers
+        self.stream = stream
+
+    async def aclose(self) -> None:
+        """Release the connection (or close it when the body was not read)."""
+        await self.stream.aclose()
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    """An httpx transport over one lazily created ``aiohttp.ClientSession``."""
+    """An httpx transport over one lazily created ``aiohttp.ClientSession``.
+
+    ``handle_async_request`` is the httpx seam; ``send_direct`` is the same
+    exchange for the proxy's common case (a body already in memory, UTF-8
+    header values) without building ``httpx.Request``/``Response``/``URL``
+    objects (issue 18 item 4): same wire bytes, same error mapping.
+    """
 
     def __init__(
         self,
@@ -247,6 +297,37 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             request=request,
         )
 
+    async def send_direct(
+        self,
+        method: str,
+        url: URL,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        limits: aiohttp.ClientTimeout,
+    ) -> DirectResponse:
+        """Send one request with an in-memory ``body``; errors raised as httpx's.
+
+        ``headers`` are decoded as ``_headers`` does (the caller falls back to
+        the httpx seam when a value is not UTF-8).
+        """
+        session = self._session
+        if session is None or session.closed:
+            session = self._open()
+        try:
+            response = await session.request(
+                method,
+                url,
+                headers=headers,
+                data=_slices(body) if len(body) > _LARGE_BODY_BYTES else (body or None),
+                allow_redirects=False,
+                timeout=limits,
+                compress=None,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise map_error(exc, None) from exc
+        stream = AiohttpResponseStream(response, None)
+        return DirectResponse(response.status, list(response.raw_headers), stream)
+
     def _bytes_transport(self) -> httpx.AsyncHTTPTransport:
         """httpx's own pool, for the rare request whose header bytes aiohttp cannot keep."""
         if self._fallback is None:
@@ -264,6 +345,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             await fallback.aclose()
 
 
+def decode_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]] | None:
+    """Raw header pairs as aiohttp takes them; None when a value is not UTF-8."""
+    try:
+        return [(k.decode("ascii"), v.decode("utf-8")) for k, v in raw]
+    except UnicodeDecodeError:
+        return None
+
+
 def _headers(request: httpx.Request) -> list[tuple[str, str]] | None:
     """The request's headers as aiohttp takes them (a list keeps repeats); None if not UTF-8.
 
@@ -272,11 +361,8 @@ def _headers(request: httpx.Request) -> list[tuple[str, str]] | None:
     and the request goes through httpx's pool instead (issue 13.2). The
     transfer-encoding of a streamed body is aiohttp's to write.
     """
-    try:
-        out = [(k.decode("ascii"), v.decode("utf-8")) for k, v in request.headers.raw]
-    except UnicodeDecodeError:
-        return None
-    if isinstance(request.stream, httpx.ByteStream):
+    out = decode_headers(request.headers.raw)
+    if out is None or isinstance(request.stream, httpx.ByteStream):
         return out
     return [(k, v) for k, v in out if k.lower() != "transfer-encoding"]
 
@@ -338,4 +424,13 @@ def _httpx_transport(
     return httpx.AsyncHTTPTransport(limits=limits, trust_env=False, retries=0, verify=context)
 
 
-__all__ = ["AiohttpResponseStream", "AiohttpTransport", "make_transport", "map_error"]
+__all__ = [
+    "AiohttpResponseStream",
+    "AiohttpTransport",
+    "DirectResponse",
+    "client_timeout",
+    "decode_headers",
+    "direct_url",
+    "make_transport",
+    "map_error",
+]

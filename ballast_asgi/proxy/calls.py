@@ -1,0 +1,75 @@
+"""The upstream call of one attempt: direct on our aiohttp transport, else through httpx.
+
+``direct_call`` is the common case on the default transport (issue 18 item 4):
+a request body already in memory and UTF-8 header values go to
+``AiohttpTransport.send_direct`` without ``httpx.Request``/``URL``/``Response``
+objects. Everything else (a streamed body, a header value that is not UTF-8,
+an injected transport such as ``httpx.MockTransport`` or respx, httpx's own
+pool) is an ``httpx.Request`` through the transport's ``handle_async_request``.
+Both send the same bytes and raise the same httpx errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import httpx
+
+from ballast_asgi.core.types import RawHeaders, Scope
+from ballast_asgi.proxy.headers import raw_target
+from ballast_asgi.proxy.transport import (
+    AiohttpTransport,
+    DirectResponse,
+    client_timeout,
+    decode_headers,
+    direct_url,
+)
+from ballast_asgi.proxy.upstream import Upstream
+
+#: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
+Timeouts = dict[str, Any]
+#: An upstream response head: httpx's, or the aiohttp transport's direct one.
+Response = httpx.Response | DirectResponse
+
+
+def direct_call(
+    direct: AiohttpTransport | None,
+    scope: Scope,
+    upstream: Upstream,
+    headers: RawHeaders,
+    body: httpx.AsyncByteStream | bytes,
+    timeout: Timeouts,
+) -> Awaitable[Response] | None:
+    """The upstream call without httpx objects, or None when the httpx seam must carry it."""
+    if direct is None or not isinstance(body, bytes):
+        return None
+    text = decode_headers(headers)
+    if text is None:  # not UTF-8: the transport's httpx pool keeps the bytes
+        return None
+    url = direct_url(upstream, raw_target(scope))
+    return direct.send_direct(scope["method"], url, text, body, client_timeout(timeout))
+
+
+def httpx_request(
+    scope: Scope,
+    upstream: Upstream,
+    headers: RawHeaders,
+    stream: httpx.AsyncByteStream | bytes,
+    timeout: Timeouts,
+    streamed: object | None,
+) -> httpx.Request:
+    """The attempt as an ``httpx.Request`` (read into memory unless ``streamed``)."""
+    request = httpx.Request(
+        scope["method"],
+        upstream.url(raw_target(scope)),
+        headers=headers,
+        stream=httpx.ByteStream(stream) if isinstance(stream, bytes) else stream,
+        extensions={"timeout": timeout},
+    )
+    if streamed is None:
+        request.read()
+    return request
+
+
+__all__ = ["Response", "Timeouts", "direct_call", "httpx_request"]

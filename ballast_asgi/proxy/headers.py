@@ -78,6 +78,31 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
     return out
 
 
+#: How ``response_headers`` treats a header name, as the upstream spelled it.
+_KEEP, _HOP, _CONNECTION, _LENGTH, _LOCATION = range(5)
+#: Name as received -> (lower-cased name, treatment); bounded (an upstream picks the names).
+_NAMES: dict[bytes, tuple[bytes, int]] = {}
+_NAMES_MAX = 1024
+
+
+def _name(name: bytes) -> tuple[bytes, int]:
+    """The lower-cased name and its treatment (cached: upstreams repeat their names)."""
+    lname = name.lower()
+    if lname == b"connection":
+        kind = _CONNECTION
+    elif lname in HOP_BY_HOP or lname.startswith(b"proxy-"):
+        kind = _HOP
+    elif lname == b"content-length":
+        kind = _LENGTH
+    elif lname in _LOCATIONS:
+        kind = _LOCATION
+    else:
+        kind = _KEEP
+    if len(_NAMES) < _NAMES_MAX:
+        _NAMES[name] = (lname, kind)
+    return lname, kind
+
+
 def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None, bool]:
     """Upstream response headers without hop-by-hop ones, the Content-Length if any, and
     whether a ``Location``/``Content-Location`` is among them (for ``redirects.py``)."""
@@ -85,15 +110,21 @@ def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None, bool]:
     named: set[bytes] | None = None
     length: int | None = None
     location = False
+    names = _NAMES
     for name, value in raw:
-        lname = name.lower()
-        if lname in HOP_BY_HOP or lname.startswith(b"proxy-"):
-            if lname == b"connection":
-                named = connection_names(value, named)
+        lname, kind = names.get(name) or _name(name)
+        if kind == _KEEP:
+            out.append((lname, value))
             continue
-        if lname == b"content-length" and value.isdigit():
-            length = int(value)
-        elif lname in _LOCATIONS:
+        if kind == _HOP:
+            continue
+        if kind == _CONNECTION:
+            named = connection_names(value, named)
+            continue
+        if kind == _LENGTH:
+            if value.isdigit():
+                length = int(value)
+        else:
             location = True
         out.append((lname, value))
     if named:

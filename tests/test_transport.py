@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.proxy.transport import AiohttpTransport, make_transport
+from ballast_asgi.proxy.transport import AiohttpTransport, client_timeout, make_transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\nok"
@@ -213,3 +213,19 @@ def test_byte_fallback_pool_verifies_with_the_same_context() -> None:
     context = ssl.create_default_context()
     transport = AiohttpTransport(ssl_context=context)
     assert transport._bytes_transport()._pool._ssl_context is context
+
+
+def test_a_deadline_bounds_the_exchange_without_a_per_read_timer() -> None:
+    """With a deadline (``total``) no longer than the read bound, aiohttp gets no sock_read.
+
+    The total fires first in every case, so the per-read timer (re-armed on each
+    chunk) is redundant; the connect bounds stay.
+    """
+    t = client_timeout({"connect": 0.5, "read": 2.0, "write": 2.0, "pool": 2.0, "total": 2.0})
+    assert (t.total, t.sock_read, t.connect, t.sock_connect) == (2.0, None, 2.5, 0.5)
+
+
+def test_without_a_deadline_each_read_is_bounded() -> None:
+    """No ``total``: ``read`` bounds each socket read, as httpx's read timeout does."""
+    t = client_timeout({"connect": 0.5, "read": 30.0, "write": 30.0, "pool": 30.0})
+    assert (t.total, t.sock_read, t.connect, t.sock_connect) == (None, 30.0, 30.5, 0.5)

@@ -165,6 +165,8 @@ def client_timeout(t: Mapping[str, float | None]) -> aiohttp.ClientTimeout:
     connect, pool, read = t.get("connect"), t.get("pool"), t.get("read")
     acquire = None if connect is None else connect + (pool or 0.0)
     total = t.get("total")  # the request's deadline: bounds the whole exchange, body included
+    if total is not None and read is not None and read >= total:
+        read = None  # the total fires first; a per-read timer would be re-armed per chunk
     return aiohttp.ClientTimeout(total=total, connect=acquire, sock_connect=connect, sock_read=read)
 
 

@@ -110,6 +110,26 @@ def _ratio(doc: dict[str, Any], gw: str, base: str) -> tuple[float, list[float]]
     return median(ratios), rs
 
 
+def issue18(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Issue 18's hot-path targets: <= 1.3x bare aiohttp at every rate; the saturation case."""
+    out = []
+    for gw in GW:
+        per = [(r, pick(doc, gw, r, "cpu_us") / pick(doc, "bare-aiohttp", r, "cpu_us"))
+               for r in rates(doc)]  # fmt: skip
+        worst = max(x for _, x in per)
+        shown = ", ".join(f"{x:.2f}x @{r:,.0f}" for r, x in per)
+        target = f"{gw}: CPU/request <= 1.3x bare-aiohttp at every rate"
+        out.append((target, shown, _verdict(worst <= 1.3, worst / 1.3)))
+    sat = doc.get("saturation")
+    if sat:
+        cpu, rate = sat["cpu_ratio"], sat["rate_ratio"]
+        out.append(("saturation (wrk, uvicorn form): CPU/request <= 1.5x bare-aiohttp",
+                    f"{cpu:.2f}x", _verdict(cpu <= 1.5, cpu / 1.5)))  # fmt: skip
+        out.append(("saturation (wrk, uvicorn form): rate >= 0.67x bare-aiohttp",
+                    f"{rate:.2f}x", _short(100 * rate, 67)))  # fmt: skip
+    return out
+
+
 def verdicts(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(target, measured, verdict) for each target of issue 6."""
     out = []
@@ -235,6 +255,11 @@ def write_report(doc: dict[str, Any], out: Path, docs_dir: Path | None) -> Path:
     return target
 
 
+def _load_end(doc: dict[str, Any]) -> str:
+    end = doc.get("loadavg_end")
+    return f", at the end {', '.join(f'{x:.2f}' for x in end)}" if end else ""
+
+
 def render(doc: dict[str, Any], img: str) -> str:
     """The generated part of the report."""
     m = doc["machine"]
@@ -248,7 +273,7 @@ def render(doc: dict[str, Any], img: str) -> str:
         "",
         f"- Machine: {m['cpu_model']}, {m['cores']} CPUs (KVM, shared with other sessions' "
         f"test runs: noisy; read medians and ratios); {m['platform']}; load average at "
-        f"start {', '.join(f'{x:.2f}' for x in m['loadavg'])}.",
+        f"start {', '.join(f'{x:.2f}' for x in m['loadavg'])}{_load_end(doc)}.",
         f"- {v}. Date {m['date_utc']} UTC. Whole run {doc['elapsed_s']:.0f} s.",
         f"- Proxy under test pinned to CPU 1; generator (this process, aiohttp on uvloop, "
         f"open loop, constant arrivals) and backend pinned to CPU 0. {a['reps']} repetitions, "
@@ -280,6 +305,12 @@ def render(doc: dict[str, Any], img: str) -> str:
         "## Capacity cap at 3x and 12x the knee (simulator, ~270 rps)",
         "",
         *capacity_table(doc),
+        "",
+        "## Targets (issue 18: hot path)",
+        "",
+        "| target | measured | verdict |",
+        "| --- | --- | --- |",
+        *(f"| {t} | {m_} | {v_} |" for t, m_, v_ in issue18(doc)),
         "",
         "## Targets (issue 6)",
         "",

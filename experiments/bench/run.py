@@ -225,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity=caps,
         saturation=sat,
         elapsed_s=round(time.monotonic() - t0, 1),
+        loadavg_end=[round(x, 2) for x in os.getloadavg()],
     )
     (a.out / "results.json").write_text(json.dumps(doc, indent=1))
     docs = not a.quick or a.docs

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ballast_asgi.core.limit import GradientLimit, Sample
 
@@ -93,8 +95,8 @@ def test_probe_counts_only_requests_started_during_it() -> None:
 
 
 def test_grows_multiplicatively_when_binding_at_the_floor() -> None:
-    """Binding with latency at the no-load RTT multiplies the limit each window."""
-    g = make()
+    """Without slow start, binding at the no-load RTT multiplies the limit each window."""
+    g = make(slow_start_tolerance=0)
     now = settle(g, 0.0, 0.025)
     before = g.limit
     feed_window(g, now, 0.025)
@@ -199,3 +201,133 @@ def test_rejects_bad_parameters(kw: dict[str, object], field: str) -> None:
     """Invalid parameters raise ValueError naming the parameter."""
     with pytest.raises(ValueError, match=field):
         make(**kw)
+
+
+def test_slow_start_grows_within_a_window() -> None:
+    """Successes at the limit and at the floor raise the limit at once, one step each."""
+    g = make()
+    now = settle(g, 0.0, 0.025) + 0.05  # samples started after the probe ended
+    before, windows = g.limit, g.windows
+    for i in range(5):
+        now += 0.001
+        g.on_sample(Sample(now - 0.025, 0.025, g.limit, False, g.limit), now)
+        assert g.limit == before + i + 1
+    assert g.windows == windows
+
+
+def test_slow_start_doubles_per_round_trip_at_most() -> None:
+    """A request started at limit L counts as binding against L, not the limit since grown."""
+    g = make()
+    now = settle(g, 0.0, 0.025) + 0.05
+    start = g.limit
+    for _ in range(3 * start):  # requests that all started at the old limit
+        now += 0.0005
+        g.on_sample(Sample(now - 0.025, 0.025, start, False, start), now)
+    assert g.limit <= 2 * start + 1
+
+
+def test_slow_start_needs_latency_at_the_floor() -> None:
+    """Successes at the limit that queued (1.5x the floor) do not grow it within the window."""
+    g = make()
+    now = settle(g, 0.0, 0.025) + 0.05
+    before = g.limit
+    for _ in range(5):
+        now += 0.001
+        g.on_sample(Sample(now - 0.0375, 0.0375, g.limit, False, g.limit), now)
+    assert g.limit == before
+
+
+def test_not_binding_shrinks_toward_peak_inflight() -> None:
+    """Windows whose peak in-flight is far below the limit bring it down to peak * headroom."""
+    g = make(initial_limit=200)
+    now = settle(g, 0.0, 0.025)
+    for _ in range(3):
+        now = feed_window(g, now, 0.025, inflight=10)
+    assert g.limit <= int(10 * 1.25 + 10**0.5)
+    assert g.limit >= 10
+
+
+def test_shrink_can_be_switched_off() -> None:
+    """shrink_headroom=0 keeps the limit where it was while not binding."""
+    g = make(initial_limit=200, shrink_headroom=0)
+    now = settle(g, 0.0, 0.025)
+    limit = g.limit
+    now = feed_window(g, now, 0.025, inflight=10)
+    assert g.limit == limit
+
+
+def test_drop_faster_than_the_floor_is_not_congestion() -> None:
+    """A request that failed sooner than the no-load RTT (its deadline ran out): no backoff."""
+    g = make()
+    now = settle(g, 0.0, 0.025)
+    limit = g.limit
+    g.on_sample(Sample(now, 0.004, limit, True), now + 0.004)
+    assert g.limit == limit
+    g.on_sample(Sample(now, 0.5, limit, True), now + 0.5)
+    assert g.limit == int(limit * 0.9)
+
+
+def test_capacity_step_found_within_one_window() -> None:
+    """With slow start, 8 -> 64 workers lifts the limit past 64 within one window."""
+    g = make()
+    now, _ = simulate(g, 0.0, workers=8, windows=20)
+    _, limits = simulate(g, now, workers=64, windows=1)
+    assert limits[0] >= 64
+
+
+def test_capacity_drop_after_idle_headroom_starts_low() -> None:
+    """After a phase where in-flight stayed at 30 of a limit of 200, the limit is near 30."""
+    g = make(initial_limit=200)
+    now = settle(g, 0.0, 0.025)
+    for _ in range(4):
+        now = feed_window(g, now, 0.025, inflight=30)
+    assert g.limit <= 30 * 1.25 + 30**0.5 + 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"slow_start_tolerance": -1}, "slow_start"),
+        ({"shrink_headroom": 0.5}, "shrink_headroom"),
+    ],
+)
+def test_rejects_bad_new_parameters(kw: dict[str, object], field: str) -> None:
+    """Invalid slow-start or shrink parameters raise ValueError naming the parameter."""
+    with pytest.raises(ValueError, match=field):
+        make(**kw)
+
+
+samples = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.2),  # time advance (s)
+        st.floats(0.001, 0.2),  # rtt (s)
+        st.floats(0.0, 1.5),  # inflight as a fraction of the current limit
+        st.floats(0.5, 2.0),  # limit at start as a fraction of the current limit
+        st.booleans(),  # dropped
+    ),
+    max_size=300,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seq=samples)
+def test_between_windows_one_sample_adds_at_most_one_step(
+    seq: list[tuple[float, float, float, float, bool]],
+) -> None:
+    """Outside window closes and probes, a sample moves the limit up by <= slow_start_step,
+    and only a success that started at the limit of its time with RTT near the floor."""
+    g = make()
+    now = 0.0
+    for dt, rtt, frac, then_frac, drop in seq:
+        now += dt
+        before, windows, probes, probing = g.limit, g.windows, g.probes, g.probing
+        noload = g.rtt_noload_s
+        held, then = int(frac * before), max(1, int(then_frac * before))
+        g.on_sample(Sample(now - rtt, rtt, held, drop, then), now)
+        if g.windows != windows or g.probes != probes or probing or g.probing:
+            continue
+        assert g.limit <= before + g.slow_start_step
+        if g.limit > before:
+            assert not drop and noload is not None
+            assert rtt <= g.slow_start_tolerance * noload
+            assert held >= g.binding_ratio * min(then, before) and 2 * held >= before

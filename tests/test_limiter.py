@@ -25,7 +25,7 @@ def test_acquire_up_to_the_limit_then_refuse() -> None:
 
 
 def test_success_is_an_rtt_sample_with_inflight_at_start() -> None:
-    """A SUCCESS release feeds the algorithm its RTT and in-flight at start."""
+    """A SUCCESS release feeds the algorithm its RTT, in-flight and limit at start."""
     algo = RecordingLimit(4)
     lim = Limiter(algo)
     p1 = lim.try_acquire(1.0)
@@ -33,7 +33,7 @@ def test_success_is_an_rtt_sample_with_inflight_at_start() -> None:
     assert p1 is not None and p2 is not None
     p2.release(Outcome.SUCCESS, 1.75)
     p1.release(Outcome.DROPPED, 3.0)
-    assert algo.samples == [Sample(1.5, 0.25, 2, False), Sample(1.0, 2.0, 1, True)]
+    assert algo.samples == [Sample(1.5, 0.25, 2, False, 4), Sample(1.0, 2.0, 1, True, 4)]
 
 
 def test_ignored_release_is_no_sample() -> None:

@@ -46,12 +46,16 @@ def live_limiters() -> list[Limiter]:
 class Permit:
     """One unit of concurrency; release it exactly once."""
 
-    __slots__ = ("_limiter", "inflight_at_start", "released", "start")
+    __slots__ = ("_limiter", "inflight_at_start", "limit_at_start", "released", "start")
 
-    def __init__(self, limiter: Limiter, start: float, inflight_at_start: int) -> None:
+    def __init__(
+        self, limiter: Limiter, start: float, inflight_at_start: int, limit_at_start: int = 0
+    ) -> None:
         self._limiter = limiter
         self.start = start
         self.inflight_at_start = inflight_at_start
+        #: The limit in force when the permit was granted (0: unknown).
+        self.limit_at_start = limit_at_start
         self.released = False
 
     def release(self, outcome: Outcome, now: float, rtt_s: float | None = None) -> None:
@@ -184,12 +188,13 @@ class Limiter:
     # -- permits --------------------------------------------------------------
     def try_acquire(self, now: float) -> Permit | None:
         """A permit if in-flight is below the limit, else None. Never blocks."""
-        if self._inflight >= self.limit:
+        limit = self.limit
+        if self._inflight >= limit:
             self.rejected += 1
             return None
         self._inflight += 1
         self.acquired += 1
-        return Permit(self, now, self._inflight)
+        return Permit(self, now, self._inflight, limit)
 
     def set_algorithm(
         self, algorithm: LimitAlgorithm, *, max_limit: int | None = None, now: float | None = None
@@ -223,7 +228,9 @@ class Limiter:
             self._rtt_min.add(rtt_s, now)
             prev = self._rtt_recent_s
             self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
-        sample = Sample(permit.start, rtt_s, permit.inflight_at_start, dropped)
+        sample = Sample(
+            permit.start, rtt_s, permit.inflight_at_start, dropped, permit.limit_at_start
+        )
         self.algorithm.on_sample(sample, now)
 
     def _notify(self, now: float) -> None:

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 from experiments.sweep.metrics import metrics
 
 COLORS = {"fixed-16": "tab:blue", "fixed-64": "tab:orange", "fixed-256": "tab:red",
+          "gradient2": "tab:purple", "vegas": "tab:brown",
           "gradient": "tab:green", "gradient + early drop": "tab:olive"}  # fmt: skip
 
 

@@ -3,6 +3,7 @@
     python -m experiments.sweep                 # full: 3 x 30 runs, ~25 min, docs/results.md
     python -m experiments.sweep --reps 1        # one run per cell (~8 min)
     python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only
+    python -m experiments.sweep --only swing --limiters gradient,fixed-64 --reps 1   # a subset
     python -m experiments.sweep --dilate 1.5    # time dilation k (default 1: real time)
     python -m experiments.sweep --dilate auto   # the smallest k at which our processes keep up
     python -m experiments.sweep --report-only runs/exp-...   # redraw docs/ from saved raw data
@@ -145,6 +146,10 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     plan = exp_plan.quick_plan() if args.quick else exp_plan.full_plan()
     if args.only:
         plan = [s for s in plan if s.scenario in args.only.split(",")]
+    if args.limiters:
+        plan = [s for s in plan if s.limiter in args.limiters.split(",")]
+    if args.loads:
+        plan = [s for s in plan if f"{s.load_x:g}" in args.loads.split(",")]
     meta["reps"] = args.reps
     specs = [s.repeated(r).dilated(k) for r in range(args.reps) for s in plan]
     print(f"time dilation k = {k:g}; {len(plan)} cells x {args.reps} repetitions", flush=True)
@@ -171,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dilate", default=None, help="time dilation k (1; quick 4), or 'auto'")
     p.add_argument("--reps", type=int, default=None, help="runs per cell (3; quick 1)")
     p.add_argument("--only", default=None, help="scenarios to run, e.g. sweep,swing")
+    p.add_argument("--limiters", default=None, help="limiters to run, e.g. gradient,fixed-64")
+    p.add_argument("--loads", default=None, help="sweep loads to run, e.g. 1,12")
     p.add_argument("--out", default=None, help="raw data directory (default runs/exp-*)")
     p.add_argument("--no-docs", action="store_true", help="full run, but keep docs/ untouched")
     p.add_argument("--report-only", metavar="DIR", help="redraw docs/ from DIR/results.json")
@@ -186,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args.dilate = args.dilate or ("4" if args.quick else "1")
     args.reps = args.reps or (1 if args.quick else 3)
-    args.docs = not (args.quick or args.no_docs or args.only)
+    args.docs = not (args.quick or args.no_docs or args.only or args.limiters or args.loads)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = (
         Path(args.out)

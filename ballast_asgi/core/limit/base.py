@@ -12,7 +12,10 @@ A ``Sample`` describes one request that held a permit:
 * ``inflight_at_start``: permits held right after this one was acquired
   (this request included), the "is the limit binding?" signal;
 * ``dropped``: the request timed out, got a 5xx or missed its deadline, a
-  congestion signal rather than an RTT measurement.
+  congestion signal rather than an RTT measurement;
+* ``limit_at_start``: the limit in force when the permit was acquired (0 when
+  unknown): "was it binding?" must compare with the limit of that moment, not
+  with one that has grown since (slow start doubles the limit per RTT).
 
 Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
 requests that were refused never become samples.
@@ -51,6 +54,16 @@ class Sample:
     rtt_s: float
     inflight_at_start: int
     dropped: bool = False
+    limit_at_start: int = 0
+
+    def started_at_limit(self, limit: float, ratio: float) -> bool:
+        """True when in-flight was at ``ratio`` of the limit in force at the start.
+
+        ``limit`` (the current one) stands in when ``limit_at_start`` is unknown;
+        the smaller of the two is used, so a limit that fell since still counts.
+        """
+        then = min(self.limit_at_start, int(limit)) if self.limit_at_start else int(limit)
+        return self.inflight_at_start >= ratio * then
 
 
 @runtime_checkable

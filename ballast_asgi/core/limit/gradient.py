@@ -1,79 +1,38 @@
 """The gradient controller: the default adaptive concurrency limit.
 
-It finds the concurrency at the knee of the throughput curve by comparing the
-recent round-trip time with the no-load round-trip time (Little's law read
-backwards: past the knee, extra concurrency only adds queueing delay).
+It looks for the concurrency at the knee of the throughput curve by comparing
+recent round-trip times with the no-load round-trip time (Little's law read
+backwards). The full description, with the measurements behind each rule, is
+``docs/controller.md``; in short:
 
-**Sampling.** Successful samples are collected in windows of ``window_ms``
-(default 500 ms). A window closes at the first sample after ``window_ms`` has
-passed *and* at least ``min_window_samples`` (default 5) successes arrived, so
-no samples (a hanging upstream, an idle service) means no update at all.
-Samples of requests that started before the last probe ended are left out
-(they ran under the probe's limit and say nothing about the restored one).
+* **Windows** of ``window_ms`` (>= ``min_window_samples`` successes). Per window,
+  ``ratio = rtt_noload / rtt_recent`` (``rtt_percentile`` of the window),
+  ``new = limit * clamp(queue_tolerance * ratio, min_gradient, 1) + sqrt(limit)``.
+  Growth only when the window was binding (>= 25 % of its samples started at
+  ``binding_ratio`` of the limit in force *when they started*); a window that
+  was not binding brings the limit down to ``peak in-flight * shrink_headroom
+  + sqrt(peak)`` (so a capacity drop does not start from a height); a window
+  at the floor multiplies by ``growth_factor`` unless slow start already grew.
+* **Slow start**: between windows, a success that started at the limit and
+  took at most ``slow_start_tolerance * rtt_noload`` adds ``slow_start_step``
+  at once (the limit at most doubles per round trip; a capacity step is found
+  in a few round trips, not windows).
+* **Fast close**: a window closes early once ``fast_close_samples`` requests
+  that started in it finished and most took over ``fast_close_ratio`` x the floor.
+* **Drops** (timeout, 5xx, deadline) multiply by ``backoff_ratio`` at most once
+  per window and forbid growth in it; a drop that came sooner than the no-load
+  RTT (a request dispatched with almost no deadline left) says nothing about
+  the backend and is ignored.
+* **Probes** re-measure ``rtt_noload`` at ``probe_limit``: after a binding first
+  window, every ``probe_interval_s`` (+/- jitter, injected ``random.Random``)
+  and when ``stuck_windows`` windows in a row stayed below ``stuck_ratio``
+  without recovering (the backend got slower); a probe that finds the floor
+  moved more than ``1 / stuck_ratio`` x restores the limit from before the streak.
 
-**Fast close.** Once a floor has been probed, a window also closes early when
-at least ``fast_close_samples`` (default 20) requests that *started inside
-it* have completed and more than half of them took longer than
-``fast_close_ratio * rtt_noload`` (default 2x): the median is already known
-to be far above the floor, so waiting out the window only keeps the backend
-queue full for longer (a capacity drop, the limit restored after a probe).
-
-**Per window** (``p`` = ``rtt_percentile``, default the median)::
-
-    rtt_recent = p-th percentile of the window's successful RTTs
-    rtt_noload = min(rtt_noload, rtt_recent)          # falls at once
-    ratio      = rtt_noload / rtt_recent
-    gradient   = clamp(ratio, min_gradient, 1.0)
-    headroom   = sqrt(limit)                          # the "queue_size" term
-    new        = limit * gradient + headroom
-    binding    = at least 25 % of the window's samples started with
-                 inflight_at_start >= binding_ratio * limit
-    if not binding or the window saw a drop:   new = min(new, limit)
-    elif rtt_recent <= tolerance * rtt_noload:  new = max(new, limit * growth_factor)
-    limit      = clamp(new, min_limit, max_limit)
-
-When binding, ``limit * ratio`` is Little's law's estimate of the knee
-(``limit = throughput * rtt_recent``, so ``limit * ratio = throughput *
-rtt_noload``); ``min_gradient`` (default 0.25) only bounds how far one window
-may cut, so a limit far above the knee (the one restored after a probe, or
-one left over from a capacity drop) reaches it in one or two windows.
-
-So the limit only rises while it is binding, and rises multiplicatively while
-latency sits at the floor (a capacity step is found in a few windows rather
-than crawled towards by ``sqrt(limit)`` per window).
-
-**Drops.** A dropped sample (timeout, 5xx, deadline miss) multiplies the
-limit by ``backoff_ratio`` (default 0.9) immediately, at most once per
-``window_ms`` of time, and forbids growth in the window that saw it.
-
-**No-load RTT and probing.** ``rtt_noload`` may fall at any window but rises
-only through a *probe*: the reported limit is pinned to ``probe_limit``
-(default ``min_limit``) until ``probe_samples`` (default 10) successes that
-*started* during the probe (at in-flight <= ``probe_limit``) arrive (or
-``probe_max_windows`` windows pass);
-their percentile becomes the new ``rtt_noload`` and the limit returns to its
-pre-probe value (reduced by any drops meanwhile). A probe runs after the first
-window if that window was binding (the first estimate may have been taken
-behind a queue we caused; an unbound first window is a no-load RTT), every
-``probe_interval_s`` (default 30 s, +/- ``probe_jitter`` with an injected
-``random.Random``), and early when ``stuck_windows`` (default 2) windows in a
-row had ``ratio < stuck_ratio`` (default 0.5) without the ratio recovering
-by more than 10 % after the previous cut: cutting did not shorten the
-backend's queue, so the backend really got slower and the old minimum no
-longer describes it (not within ``2 * stuck_windows`` windows of the last
-probe: that floor is fresh; the queue behind the restored limit, or behind
-growth measured against the new floor, is what is slow). If
-such a probe finds the floor more than ``1 / stuck_ratio`` times higher, the
-cuts of the streak chased a stale floor and the limit returns to its value
-before the streak (not the cut one).
-
-**States.** ``measuring`` (normal windows) and ``probing``.
-
-**Defaults.** initial 20, min 4, max 1000, window 500 ms, percentile 0.5,
-tolerance 1.1, growth 1.5, binding 0.9, backoff 0.9, min_gradient 0.25,
-stuck_ratio 0.5, fast close after 20 fresh samples at 2x the floor.
-References: Netflix concurrency-limits ``GradientLimit``/``Gradient2Limit``;
-Envoy adaptive-concurrency ``GradientController`` (minRTT probing).
+Parameters are keyword arguments with the defaults below (the new ones as
+module constants). References: Netflix concurrency-limits
+``GradientLimit``/``Gradient2Limit``, Envoy adaptive concurrency (minRTT
+probes), TCP slow start.
 """
 
 from __future__ import annotations
@@ -91,6 +50,18 @@ from ballast_asgi.core.limit.base import (
     check_bounds,
     clamp,
 )
+
+#: Slow start: a success that started at the limit (``binding_ratio``) and took
+#: at most this many times the no-load RTT raises the limit by ``slow_start_step``
+#: at once (0 disables slow start).
+DEFAULT_SLOW_START_TOLERANCE = 1.2
+DEFAULT_SLOW_START_STEP = 1.0
+#: A window that was not binding brings the limit down to at most
+#: ``peak in-flight * shrink_headroom + sqrt(peak)`` (0 disables shrinking).
+DEFAULT_SHRINK_HEADROOM = 1.25
+#: The window's gradient is ``clamp(queue_tolerance * rtt_noload / rtt_recent)``:
+#: latency up to this factor above the floor is not cut for (1.0: the old rule).
+DEFAULT_QUEUE_TOLERANCE = 1.5
 
 _MAX_WINDOW_SAMPLES = 10_000
 #: A stuck streak continues only while the ratio improves by less than this factor.
@@ -133,6 +104,10 @@ class GradientLimit:
         probe_interval_s: float = 30.0,
         probe_jitter: float = 0.1,
         stuck_windows: int = 2,
+        slow_start_tolerance: float = DEFAULT_SLOW_START_TOLERANCE,
+        slow_start_step: float = DEFAULT_SLOW_START_STEP,
+        shrink_headroom: float = DEFAULT_SHRINK_HEADROOM,
+        queue_tolerance: float = DEFAULT_QUEUE_TOLERANCE,
         rng: random.Random | None = None,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
@@ -151,6 +126,17 @@ class GradientLimit:
         self.probe_samples, self.probe_max_windows = max(1, probe_samples), probe_max_windows
         self.probe_interval_s, self.probe_jitter = probe_interval_s, probe_jitter
         self.stuck_windows = stuck_windows
+        if slow_start_tolerance < 0 or slow_start_step < 0:
+            raise ValueError("slow_start_tolerance and slow_start_step must be >= 0")
+        self.slow_start_tolerance, self.slow_start_step = slow_start_tolerance, slow_start_step
+        if shrink_headroom and shrink_headroom < 1.0:
+            raise ValueError(f"shrink_headroom must be 0 (off) or >= 1, got {shrink_headroom}")
+        self.shrink_headroom = shrink_headroom
+        if queue_tolerance < 1.0:
+            raise ValueError(f"queue_tolerance must be >= 1.0, got {queue_tolerance}")
+        self.queue_tolerance = queue_tolerance
+        #: Limit added by slow start since the last window closed.
+        self._slow_started = 0.0
         self._rng = rng or random.Random(0)
         self._limit = float(initial_limit)
         self._rtt_noload_s: float | None = None
@@ -201,7 +187,7 @@ class GradientLimit:
         if self._window_start is None:
             self._reset_window(now)
         if sample.dropped:
-            self._on_drop(now)
+            self._on_drop(sample, now)
         elif self._probe_start is not None:
             self._probe_sample(sample)
         else:
@@ -230,6 +216,7 @@ class GradientLimit:
         self._window_start = now
         self._window_rtts: list[float] = []
         self._window_binding = 0
+        self._window_peak = 0
         self._window_dropped = False
         self._fresh = 0
         self._fresh_slow = 0
@@ -244,10 +231,29 @@ class GradientLimit:
             self._fresh += 1
             if sample.rtt_s > self.fast_close_ratio * noload:
                 self._fresh_slow += 1
-        if sample.inflight_at_start >= self.binding_ratio * int(self._limit):
+        self._window_peak = max(self._window_peak, sample.inflight_at_start)
+        if self._at_limit(sample):
             self._window_binding += 1
+            self._slow_start(sample)
 
-    def _on_drop(self, now: float) -> None:
+    def _at_limit(self, sample: Sample) -> bool:
+        """Started at the limit of its time, and at least half of today's (contract 3)."""
+        held = sample.inflight_at_start
+        return sample.started_at_limit(self._limit, self.binding_ratio) and 2 * held >= self._limit
+
+    def _slow_start(self, sample: Sample) -> None:
+        """Grow at once on a success at the limit that did not queue (limit doubles per RTT)."""
+        noload = self._rtt_noload_s
+        if not self._probed or noload is None or self._window_dropped:
+            return
+        if sample.rtt_s <= self.slow_start_tolerance * noload:
+            self._limit = min(self._limit + self.slow_start_step, float(self.max_limit))
+            self._slow_started += self.slow_start_step
+
+    def _on_drop(self, sample: Sample, now: float) -> None:
+        noload = self._rtt_noload_s
+        if noload is not None and sample.rtt_s < noload:
+            return  # failed sooner than any answer could come: its deadline, not the backend
         self._window_dropped = True
         if now - self._last_backoff_at < self.window_s:
             return
@@ -267,11 +273,13 @@ class GradientLimit:
 
     # -- the update -----------------------------------------------------------
     def _close_window(self, now: float) -> None:
-        rtts, at_limit, dropped = (
+        rtts, at_limit, dropped, peak = (
             self._window_rtts,
             self._window_binding,
             self._window_dropped,
+            self._window_peak,
         )
+        slow_started, self._slow_started = self._slow_started > 0, 0.0
         self._reset_window(now)
         self.windows += 1
         recent = percentile(rtts, self.rtt_percentile)
@@ -281,7 +289,9 @@ class GradientLimit:
         ratio = self._rtt_noload_s / recent
         self._count_stuck(ratio)
         binding = at_limit >= max(1.0, _BINDING_SHARE * len(rtts))
-        new = self._next_limit(ratio, binding, dropped)
+        new = self._next_limit(ratio, binding, dropped, slow_started)
+        if not binding and self._probed and self.shrink_headroom:
+            new = min(new, peak * self.shrink_headroom + math.sqrt(peak))
         self._limit = clamp(new, self.min_limit, self.max_limit)
         if not self._probed and not binding:  # nothing queued behind us: a no-load RTT
             self._probed = True
@@ -302,13 +312,13 @@ class GradientLimit:
             self._pre_stuck_limit = self._limit
         self._last_ratio = ratio
 
-    def _next_limit(self, ratio: float, binding: bool, dropped: bool) -> float:
+    def _next_limit(self, ratio: float, binding: bool, dropped: bool, slow: bool) -> float:
         limit = self._limit
-        gradient = clamp(ratio, self.min_gradient, 1.0)
+        gradient = clamp(ratio * self.queue_tolerance, self.min_gradient, 1.0)
         new = limit * gradient + math.sqrt(limit)
         if not binding or dropped:
             return min(new, limit)
-        if ratio * self.tolerance >= 1.0:
+        if ratio * self.tolerance >= 1.0 and not slow:  # slow start already grew it
             return max(new, limit * self.growth_factor)
         return new
 

@@ -1,0 +1,1 @@
+"""Controller evaluation in simulated time (the real pure cores, no sockets)."""

@@ -1,0 +1,246 @@
+"""A discrete-event model of generator -> gateway -> simulator, in simulated time.
+
+It drives the gateway's own pure cores (``Limiter``, the limit algorithms,
+``PriorityQueue`` + ``dispatch``) and the simulator's own backend model
+(``ballast_tools.upstream_sim.model.Simulator``) with a simulated clock, so a
+24 s scenario runs in well under a second of CPU and several controllers can
+be compared on the same schedule. What it models, as the real stack does it:
+
+* open-loop arrivals from ``loadgen``'s own schedule (constant, seeded tiers);
+* the queue stage: a free permit is taken at once, else the request queues
+  (per-tier bounds, displacement, LIFO tail) and is shed at its deadline;
+* the proxy bounds an attempt by the request's deadline: at the deadline the
+  client gets 504 and the permit is released as DROPPED, **but the backend
+  keeps the request** (uvicorn does not cancel the app on disconnect), so it
+  still occupies the backend queue and a worker;
+* a success is released with the time to the response head as its RTT.
+
+What it does not model: CPU time of the gateway and the generator (event-loop
+lag), the extra ~1 ms an ``asyncio.sleep`` takes (a fixed ``hop_s`` each way
+stands in for transport). It is for iterating on controllers; the published
+tables come from the real-time ``make experiment``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ballast_asgi.core.limit import make_limit
+from ballast_asgi.core.limit.base import (
+    DEFAULT_INITIAL_LIMIT,
+    DEFAULT_MAX_LIMIT,
+    DEFAULT_MIN_LIMIT,
+    DEFAULT_WINDOW_MS,
+)
+from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
+from ballast_tools.loadgen.schedule import build_schedule, make_tiers
+from ballast_tools.upstream_sim.model import Profile, Service, Simulator
+from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, parse_limiter
+
+#: One-way transport + event-loop time per hop (fixed part, and the mean of an
+#: exponential extra drawn per hop).
+HOP_S, HOP_JITTER_S = 0.0005, 0.0005
+#: ``gradient-v1``: the gradient controller with the 2026-12-01 additions
+#: switched off (no slow start, no shrink while not binding, cut at the floor).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gradient-v1": (
+        "gradient",
+        {"slow_start_tolerance": 0, "shrink_headroom": 0, "queue_tolerance": 1.0},
+    ),
+}
+#: An ``asyncio.sleep(t)`` lasts about this much longer than ``t`` (measured
+#: capacity 264 rps against the model's 269).
+SLEEP_OVERSHOOT_S = 0.0006
+
+
+@dataclass(eq=False)
+class Req:
+    """One request's life."""
+
+    intended: float
+    tier: int
+    deadline: float
+    done_at: float | None = None
+    status: str = ""
+    permit: Permit | None = None
+    waiter: Waiter | None = None
+
+
+@dataclass
+class Clock:
+    """Simulated time and the event heap."""
+
+    now: float = 0.0
+    heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = field(
+        default_factory=list
+    )
+    seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), fn, args))
+
+    def run(self) -> None:
+        while self.heap:
+            t, _, fn, args = heapq.heappop(self.heap)
+            self.now = t
+            fn(*args)
+
+
+class Model:
+    """Gateway (queue + limiter) in front of the simulator's backend model."""
+
+    def __init__(self, spec: RunSpec, algo_params: dict[str, Any] | None = None) -> None:
+        self.spec = spec
+        self.clock = Clock()
+        name, fixed = parse_limiter(spec.limiter)
+        name, params = VARIANTS.get(name, (name, {}))
+        params = {**params, **(algo_params or {})}
+        if fixed is not None:
+            algo = make_limit("fixed", limit=fixed)
+        else:
+            algo = make_limit(name, initial_limit=DEFAULT_INITIAL_LIMIT,
+                              min_limit=DEFAULT_MIN_LIMIT, max_limit=DEFAULT_MAX_LIMIT,
+                              window_ms=DEFAULT_WINDOW_MS, rng=random.Random(spec.seed),
+                              **params)  # fmt: skip
+        self.limiter = Limiter(algo, max_limit=DEFAULT_MAX_LIMIT)
+        self.queue = PriorityQueue()  # the gateway's defaults
+        self.limiter.set_on_release(self._dispatch)
+        profile = Profile(spec.workers, FAST_MS * spec.k / 1e3, SLOW_MS * spec.k / 1e3)
+        self.sim: Simulator[Req] = Simulator(profile, random.Random(spec.seed))
+        self.hop_rng = random.Random(spec.seed + 1)
+        self.reqs: list[Req] = []
+        self.limits: list[tuple[float, int]] = []
+
+    # -- driving --------------------------------------------------------------
+    def run(self) -> list[Req]:
+        spec, c = self.spec, self.clock
+        tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
+        sched = build_schedule(
+            spec.rate_rps, spec.duration_s, random.Random(spec.seed), tiers=tiers
+        )
+        for off, tid in zip(sched.offsets_s, sched.tier_ids, strict=True):
+            req = Req(off, tid, off + tiers[tid].deadline_s)
+            self.reqs.append(req)
+            c.at(off, self._arrive, req)
+        for at_s, update in spec.events:
+            c.at(at_s, self._profile, update)
+        t = 0.0
+        while t < spec.duration_s:
+            c.at(t, self._sample_limit)
+            t += 0.1
+        c.run()
+        return self.reqs
+
+    def _hop(self) -> float:
+        return HOP_S + self.hop_rng.expovariate(1.0 / HOP_JITTER_S)
+
+    def _sample_limit(self) -> None:
+        self.limits.append((self.clock.now, self.limiter.limit))
+
+    def _profile(self, update: dict[str, Any]) -> None:
+        prof = self.sim.profile
+        fields = {f: getattr(prof, f) for f in ("workers", "fast_s", "slow_s", "slow_fraction",
+                                                  "latency_multiplier")}  # fmt: skip
+        fields.update(update)
+        for req in self.sim.set_profile(Profile(**fields)):
+            self._begin(req)
+
+    # -- gateway --------------------------------------------------------------
+    def _finish(self, req: Req, status: str) -> None:
+        if req.done_at is None:
+            req.done_at, req.status = self.clock.now + HOP_S, status
+
+    def _arrive(self, req: Req) -> None:
+        now = self.clock.now
+        if self.queue.total == 0:
+            permit = self.limiter.try_acquire(now)
+            if permit is not None:
+                self._forward(req, permit)
+                return
+        waiter = Waiter(Priority(req.tier), now, deadline=req.deadline, handle=req)
+        pushed = self.queue.push(waiter)
+        if not pushed.accepted:
+            self._finish(req, "queue_full")
+            return
+        if pushed.displaced is not None:
+            self._finish(pushed.displaced.handle, "queue_full")
+        req.waiter = waiter
+        self.clock.at(req.deadline, self._expire, req)
+
+    def _expire(self, req: Req) -> None:
+        if req.waiter is not None and self.queue.remove(req.waiter):
+            self._finish(req, "deadline")
+
+    def _dispatch(self, now: float) -> None:
+        dispatch(self.queue, self.limiter, now, self._deliver)
+
+    def _deliver(self, waiter: Waiter, permit: Permit) -> bool:
+        req: Req = waiter.handle
+        if req.done_at is not None or self.clock.now >= req.deadline:
+            return False
+        self._forward(req, permit)
+        return True
+
+    def _forward(self, req: Req, permit: Permit) -> None:
+        req.permit = permit
+        self.clock.at(req.deadline, self._timeout, req)
+        self.clock.at(self.clock.now + self._hop(), self._backend_arrive, req)
+
+    def _timeout(self, req: Req) -> None:
+        permit = req.permit
+        if permit is not None and not permit.released and req.done_at is None:
+            self._finish(req, "timeout")
+            permit.release(Outcome.DROPPED, self.clock.now)
+
+    # -- backend --------------------------------------------------------------
+    def _backend_arrive(self, req: Req) -> None:
+        if self.sim.arrive(req):
+            self._begin(req)
+
+    def _begin(self, req: Req) -> None:
+        now = self.clock.now
+        service = self.sim.begin(now, req.deadline, now)
+        self.clock.at(now + service.duration_s + SLEEP_OVERSHOOT_S, self._end, req, service)
+
+    def _end(self, req: Req, service: Service) -> None:
+        now = self.clock.now
+        nxt = self.sim.end(service, req.deadline, now)
+        if nxt is not None:
+            self._begin(nxt)
+        self.clock.at(now + self._hop(), self._response, req)
+
+    def _response(self, req: Req) -> None:
+        permit = req.permit
+        if permit is None or permit.released:
+            return
+        self._finish(req, "ok")
+        now = self.clock.now
+        permit.release(Outcome.SUCCESS, now, now - permit.start)
+
+
+def summarize(model: Model, reqs: list[Req]) -> dict[str, Any]:
+    """The experiment's headline numbers for one run."""
+    crit = [r for r in reqs if r.tier == 0]
+    lat = sorted((r.done_at or 0) - r.intended for r in crit if r.done_at is not None)
+    p99 = lat[int(0.99 * (len(lat) - 1))] * 1e3 / model.spec.k if lat else None
+    third = model.spec.duration_s / 3
+    per = [sum(1 for r in reqs if r.status == "ok" and i * third <= r.intended < (i + 1) * third)
+           for i in range(3)]  # fmt: skip
+    lims = [lim for _, lim in model.limits]
+    return {
+        "critical_served": sum(1 for r in crit if r.status == "ok"),
+        "critical_sent": len(crit),
+        "critical_p99_ms": p99,
+        "served_total": sum(1 for r in reqs if r.status == "ok"),
+        "served_thirds": per,
+        "limit_min": min(lims),
+        "limit_max": max(lims),
+    }

@@ -2,6 +2,7 @@
 
     python -m experiments.canary            # simulation (300 trials) + live run, docs/canary.md
     python -m experiments.canary --trials 50 --no-live   # a quick look, writes runs/ only
+    python -m experiments.canary --fr-trials 3000        # 3,000 trials per false-rollback cell
 
 The simulation is pure and seeded (two worker processes); the live run
 starts two simulators and the gateway on loopback (``live.py``).
@@ -30,9 +31,9 @@ def _job(args: tuple[Any, Any, int, int]) -> list[sim.Result]:
     return sim.run_cell(cell, reg, trials, seed)
 
 
-def simulate_all(trials: int, seed: int, workers: int) -> list[sim.Result]:
-    """Every cell of both grids, spread over ``workers`` processes."""
-    jobs = [(c, NONE, trials, seed) for c in sim.h0_cells()]
+def simulate_all(trials: int, seed: int, workers: int, fr_trials: int) -> list[sim.Result]:
+    """Every cell of both grids (``fr_trials`` per false-rollback cell), over ``workers``."""
+    jobs = [(c, NONE, fr_trials, seed) for c in sim.h0_cells()]
     jobs += [(c, r, trials, seed) for c, r in sim.h1_cells()]
     results: list[sim.Result] = []
     with ProcessPoolExecutor(workers) as pool:
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulation (and the live run), write the raw results and the report."""
     p = argparse.ArgumentParser(prog="python -m experiments.canary")
     p.add_argument("--trials", type=int, default=300)
+    p.add_argument("--fr-trials", type=int, default=None,
+                   help="trials per false-rollback cell, all 96 (default: --trials)")  # fmt: skip
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-live", action="store_true", help="skip the live gateway run")
@@ -64,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reuse is not None:
         results, sim_s, sweep = pickle.loads((args.reuse / "results.pkl").read_bytes())
     else:
-        results = simulate_all(args.trials, args.seed, args.workers)
+        results = simulate_all(args.trials, args.seed, args.workers, args.fr_trials or args.trials)
         sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
         (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
@@ -75,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from experiments.canary import live as live_run
 
         live = live_run.run_all(args.live_good_seconds)
-    doc = {"trials": args.trials, "seed": args.seed, "simulation_s": sim_s, "live": live,
+    doc = {"trials": args.trials, "fr_trials": sim.fr_trials(results), "seed": args.seed,
+           "simulation_s": sim_s, "live": live,
            "results": [r.as_dict() for r in results],
            "cap_sweep": [report.sweep_dict(r) for r in sweep]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))

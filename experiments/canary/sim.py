@@ -47,6 +47,11 @@ class Result:
         return sum(math.isfinite(t) for t in self.times) / len(self.times)
 
     @property
+    def rolled_back(self) -> int:
+        """Trials rolled back within the horizon."""
+        return sum(math.isfinite(t) for t in self.times)
+
+    @property
     def median_s(self) -> float:
         """Median seconds to rollback over all trials (inf when fewer than half were caught)."""
         return float(np.median(np.asarray(self.times)))
@@ -54,6 +59,7 @@ class Result:
     def as_dict(self) -> dict[str, object]:
         """JSON-safe summary (no per-trial times)."""
         return {**asdict(self.cell), "regression": self.regression, "rule": self.rule,
+                "trials": len(self.times), "rolled_back": self.rolled_back,
                 "rate": self.rate, "median_s": _json_float(self.median_s)}  # fmt: skip
 
 
@@ -65,16 +71,30 @@ def _seed(seed: int, *parts: object) -> int:
     return zlib.crc32(repr((seed, *parts)).encode())
 
 
+#: Trials simulated at once; a larger cell runs in chunks of this many (bounded memory).
+CHUNK = 500
+
+
 def run_cell(cell: Cell, reg: Regression, trials: int, seed: int) -> list[Result]:
-    """Simulate one cell once and apply every rule to the same blocks."""
-    rng = np.random.default_rng(_seed(seed, cell, reg.name))
+    """Simulate one cell once and apply every rule to the same blocks.
+
+    Up to ``CHUNK`` trials are drawn at once from the cell's seed; more are
+    drawn in chunks, each from its own seed (the cell's, plus the chunk's index).
+    """
     horizon = H0_HORIZON_S if reg.name == "none" else H1_HORIZON_S
-    blocks = simulate(cell, reg, trials, horizon, rng)
-    out = []
-    for rule in RULES:
-        times = rules.apply(rule, blocks, ALPHA)
-        out.append(Result(cell, reg.name, rule, tuple(float(t) for t in times)))
-    return out
+    times: dict[str, list[float]] = {rule: [] for rule in RULES}
+    for i, start in enumerate(range(0, trials, CHUNK if trials > CHUNK else trials)):
+        parts = (cell, reg.name) if trials <= CHUNK else (cell, reg.name, "chunk", i)
+        rng = np.random.default_rng(_seed(seed, *parts))
+        blocks = simulate(cell, reg, min(CHUNK, trials - start), horizon, rng)
+        for rule in RULES:
+            times[rule].extend(float(t) for t in rules.apply(rule, blocks, ALPHA))
+    return [Result(cell, reg.name, rule, tuple(times[rule])) for rule in RULES]
+
+
+def fr_trials(results: list[Result]) -> int:
+    """Trials per false-rollback cell in these results (0 when there are none)."""
+    return max((len(r.times) for r in results if r.regression == "none"), default=0)
 
 
 def h0_cells() -> Iterator[Cell]:

@@ -37,9 +37,14 @@ def false_rollbacks(results: Iterable[Result]) -> str:
     return "\n".join(rows)
 
 
+def _rate_ci(r: Result) -> str:
+    lo, hi = _wilson(r.rolled_back, len(r.times))
+    return f"{_pct(r.rate)} ({100 * lo:.1f}-{100 * hi:.1f})"
+
+
 def false_rollbacks_by_cell(results: Iterable[Result], rule: str) -> str:
-    """Every cell for one rule: independent / bursty, without / with the outage."""
-    h0 = {(r.cell.rps, r.cell.share, r.cell.base_error, r.cell.outage, r.cell.model): r.rate
+    """Every cell for one rule (rate and 95 % interval): independent / bursty, +/- the outage."""
+    h0 = {(r.cell.rps, r.cell.share, r.cell.base_error, r.cell.outage, r.cell.model): r
           for r in results if r.regression == "none" and r.rule == rule}  # fmt: skip
     rows = ["| rps | share | base error | independent | + outage | bursty | bursty + outage |",
             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -48,7 +53,7 @@ def false_rollbacks_by_cell(results: Iterable[Result], rule: str) -> str:
             for base in BASE_ERRORS:
                 vals = [h0[(rps, share, base, o, m)] for m in MODELS for o in (False, True)]
                 rows.append(f"| {rps} | {100 * share:g} % | {100 * base:g} % | "
-                            + " | ".join(_pct(v) for v in vals) + " |")  # fmt: skip
+                            + " | ".join(_rate_ci(v) for v in vals) + " |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -74,13 +79,16 @@ def detection(results: Iterable[Result], base: float) -> str:
 def targets(results: list[Result]) -> tuple[str, bool]:
     """The issue's targets, each with the measured value and met / missed."""
     seq = [r for r in results if r.rule == "sequential"]
-    h0_worst = max(r.rate for r in seq if r.regression == "none")
+    h0_worst = max((r for r in seq if r.regression == "none"), key=lambda r: r.rate)
+    lo, hi = _wilson(h0_worst.rolled_back, len(h0_worst.times))
     pp5 = [r for r in seq if r.regression == "+5 pp errors"]
     worst_low = max(r.median_s for r in pp5 if r.cell.rps == 200 and r.cell.share == 0.01)
     worst_high = max(r.median_s for r in pp5 if r.cell.rps == 2000)
     checks = [
-        ("false rollbacks <= 1 % in every cell (bursty included)", _pct(h0_worst),
-         h0_worst <= 0.01),
+        ("false rollbacks <= 1 % in every cell (bursty included)",
+         f"{_pct(h0_worst.rate)} ({h0_worst.rolled_back} of {len(h0_worst.times)}, 95 % interval "
+         f"{_pct(lo)} - {_pct(hi)}), {_cell(h0_worst)}, {h0_worst.cell.model}",
+         h0_worst.rate <= 0.01),
         ("+5 pp detected in a median <= 90 s, worst cell (200 rps, 1 % share, any base)",
          f"{worst_low:.0f} s", worst_low <= 90),
         ("+5 pp detected in a median <= 10 s at 2,000 rps (worst share and base)",
@@ -141,7 +149,12 @@ def reading_numbers(
     fastest = max(sweep, key=lambda r: r.cap)
     sparse = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
               and (r.cell.rps, r.cell.share, r.cell.base_error) == (200, 0.01, 0.001)]  # fmt: skip
+    cis = [_wilson(r.rolled_back, len(r.times)) for r in h0]
     return {
+        "fr_trials": str(max(len(r.times) for r in h0)),
+        "fr_cells_above": str(sum(lo > 0.01 for lo, _ in cis)),
+        "fr_cells_unsure": str(sum(lo <= 0.01 < hi for lo, hi in cis)),
+        "fr_cells_over": str(sum(r.rate > 0.01 for r in h0)),
         "ind_pooled": _pct(sum(ind) / len(ind)),
         "bur_pooled": _pct(sum(r.rate for r in bur) / len(bur)),
         "bur_worst": _pct(worst.rate),

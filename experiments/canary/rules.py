@@ -31,12 +31,16 @@ def _crossing(
     share: np.ndarray,
     log_bound: float,
     params: EvidenceParams,
+    caps: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """Seconds (block index + 1) at which the capped mixture first reaches the bound.
 
     One step per block over all trials and grid points at once (the one-event
     allowance depends on the past, so blocks are taken in order); stops early
-    once every trial has crossed.
+    once every trial has crossed. ``caps`` (per trial and block) replaces
+    ``params.cap_nats`` and each block's gain is divided by ``scale``: the
+    variants ``empirical_null.py`` explores (the judge uses neither).
     """
     ratios = np.asarray(params.ratios())
     log_r, log_w = np.log(ratios), np.asarray(params.log_weights())
@@ -53,9 +57,10 @@ def _crossing(
             continue
         drag = events[on, t, None] * np.log1p(share[on, t, None] * (ratios - 1.0))
         single = np.where(t - last[on] >= gap, log_r - drag, -np.inf)
-        add = np.minimum(events_c[on, t, None] * log_r - drag, np.maximum(cap, single))
-        last[on] = np.where(add > cap, float(t), last[on])
-        sums[on] += add
+        c = cap if caps is None else caps[on, t, None]
+        add = np.minimum(events_c[on, t, None] * log_r - drag, np.maximum(c, single))
+        last[on] = np.where(add > c, float(t), last[on])
+        sums[on] += add if scale is None else add / scale[on, t, None]
         top = sums.max(axis=1)
         log_e = top + np.log(np.exp(sums - top[:, None] + log_w).sum(axis=1))
         out = np.where((log_e >= log_bound) & np.isinf(out), t + 1.0, out)

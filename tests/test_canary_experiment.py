@@ -1,0 +1,81 @@
+"""The canary experiment: chunked cells, per-cell intervals, the empirical-null exploration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from experiments.canary import empirical_null, rules, sim, tables
+from experiments.canary.model import NONE, REGRESSIONS, Cell, simulate
+
+
+def test_a_large_cell_runs_in_seeded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More trials than a chunk: every trial is judged, and the same seed gives the same times."""
+    monkeypatch.setattr(sim, "CHUNK", 4)
+    cell = Cell(200, 0.25, 0.02, model="bursty")
+    first = sim.run_cell(cell, REGRESSIONS[0], 10, seed=3)
+    again = sim.run_cell(cell, REGRESSIONS[0], 10, seed=3)
+    assert [len(r.times) for r in first] == [10, 10, 10]
+    assert [r.times for r in first] == [r.times for r in again]
+    assert first[0].times[:4] != first[0].times[4:8]  # chunks draw from their own seeds
+
+
+def test_a_small_cell_keeps_its_single_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most one chunk of trials: the cell's blocks come from the cell's own seed, as before."""
+    cell = Cell(200, 0.05, 0.01)
+    got = sim.run_cell(cell, REGRESSIONS[0], 5, seed=9)[0].times
+    rng = np.random.default_rng(sim._seed(9, cell, REGRESSIONS[0].name))
+    blocks = simulate(cell, REGRESSIONS[0], 5, sim.H1_HORIZON_S, rng)
+    assert list(got) == [float(t) for t in rules.sequential(blocks, sim.ALPHA)]
+
+
+def test_fr_trials_and_rolled_back_come_from_the_results() -> None:
+    """The false-rollback grid's trial count and each result's rollbacks are read, not assumed."""
+    cell = Cell(200, 0.01, 0.01)
+    h0 = sim.Result(cell, "none", "sequential", (math.inf, 12.0, math.inf, math.inf))
+    h1 = sim.Result(cell, "+5 pp errors", "sequential", (3.0,) * 7)
+    assert sim.fr_trials([h0, h1]) == 4
+    assert h0.rolled_back == 1 and h0.as_dict()["trials"] == 4
+
+
+def test_the_cell_table_shows_each_rate_with_its_interval() -> None:
+    """5 of 300 rolled back reads 1.7 % with the Wilson interval 0.7-3.8."""
+    times = (5.0,) * 5 + (math.inf,) * 295
+    results = [
+        sim.Result(Cell(rps, share, base, outage, model), "none", "sequential", times)
+        for model in sim.MODELS for outage in (False, True) for rps in sim.RPS
+        for share in sim.SHARES for base in sim.BASE_ERRORS
+    ]  # fmt: skip
+    table = tables.false_rollbacks_by_cell(results, "sequential")
+    assert "| 1.7 % (0.7-3.8) |" in table
+    assert table.count("1.7 % (0.7-3.8)") == 96
+
+
+def test_stable_dispersion_is_one_for_independent_errors_and_large_for_bursts() -> None:
+    """The stable side's clumping: about 1 when errors are independent, well above when bursty."""
+    rng = np.random.default_rng(4)
+    calm = simulate(Cell(2000, 0.05, 0.02), NONE, 20, 400, rng)
+    bursty = simulate(Cell(2000, 0.05, 0.02, model="bursty"), NONE, 20, 400, rng)
+    phi_calm = empirical_null.dispersion(calm.requests_c, calm.requests_s, calm.errors_s)
+    phi_bursty = empirical_null.dispersion(bursty.requests_c, bursty.requests_s, bursty.errors_s)
+    assert phi_calm.min() >= 1.0 and float(np.median(phi_calm[:, 100:])) < 1.05
+    assert float(np.median(phi_bursty[:, 100:])) > 5.0
+    assert (phi_calm[:, 0] == 1.0).all()  # nothing before the first block: no discount
+
+
+def test_the_default_variant_is_the_judge() -> None:
+    """The exploration's reference row judges exactly as the vectorised sequential rule."""
+    rng = np.random.default_rng(6)
+    blocks = simulate(Cell(200, 0.05, 0.02), REGRESSIONS[0], 8, 300, rng)
+    default = empirical_null.VARIANTS[0]
+    assert list(empirical_null.judge(default, blocks)) == list(rules.sequential(blocks, 0.01))
+
+
+def test_a_calm_stable_side_lets_the_quasi_variant_use_the_large_cap() -> None:
+    """Independent errors at 2,000 rps: the quasi-likelihood variant is faster than the default."""
+    rng = np.random.default_rng(5)
+    blocks = simulate(Cell(2000, 0.01, 0.02), REGRESSIONS[0], 40, 120, rng)
+    quasi = float(np.median(empirical_null.judge(empirical_null.VARIANTS[1], blocks)))
+    assert quasi < float(np.median(rules.sequential(blocks, 0.01)))

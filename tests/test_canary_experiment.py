@@ -79,3 +79,28 @@ def test_a_calm_stable_side_lets_the_quasi_variant_use_the_large_cap() -> None:
     blocks = simulate(Cell(2000, 0.01, 0.02), REGRESSIONS[0], 40, 120, rng)
     quasi = float(np.median(empirical_null.judge(empirical_null.VARIANTS[1], blocks)))
     assert quasi < float(np.median(rules.sequential(blocks, 0.01)))
+
+
+def _h0(rolled_back: int, trials: int) -> sim.Result:
+    times = (5.0,) * rolled_back + (math.inf,) * (trials - rolled_back)
+    return sim.Result(Cell(200, 0.01, 0.01, model="bursty"), "none", "sequential", times)
+
+
+def test_target_one_is_stated_from_rates_and_intervals() -> None:
+    """Met when no cell is over 1 %; missed when one is, and said when beyond sampling doubt."""
+    assert tables.fr_verdict([_h0(30, 3000), _h0(3, 3000)]).startswith("Target 1 is met")
+    unsure = tables.fr_verdict([_h0(33, 3000)])
+    assert unsure.startswith("Target 1 is missed as stated") and "none is above" in unsure
+    assert "beyond sampling doubt (worst 2.0 %)" in tables.fr_verdict([_h0(60, 3000)])
+
+
+def test_the_exploration_section_renders_every_variant() -> None:
+    """The docs section lists each variant with its worst cell and +5 pp medians."""
+    rows = [
+        empirical_null.Row(v.name, 0.01 * k, Cell(200, 0.25, 0.005, model="bursty"), 0.004,
+                           {(2000, 0.01): 11.0, (200, 0.01): 80.0})
+        for k, v in enumerate(empirical_null.VARIANTS)
+    ]  # fmt: skip
+    text = empirical_null.section(rows)
+    assert all(f"| {v.name} |" in text for v in empirical_null.VARIANTS)
+    assert "| 4.0 % | 200 rps, 25 % share, 0.5 % base | 0.40 % | 11 s | 80 s |" in text

@@ -17,10 +17,11 @@ import pickle
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from experiments.canary import report, sim
+from experiments.canary import empirical_null, report, sim
 from experiments.canary.model import NONE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,17 @@ def simulate_all(trials: int, seed: int, workers: int, fr_trials: int) -> list[s
             print(f"\rsimulation: cell {i + 1}/{len(jobs)}", end="", flush=True)
     print()
     return results
+
+
+def _explore(args: argparse.Namespace, out: Path) -> list[empirical_null.Row]:
+    """The empirical-null variants (reused from ``--reuse`` when that run has them)."""
+    saved = args.reuse / "empirical_null.pkl" if args.reuse is not None else None
+    if saved is not None and saved.exists():
+        rows: list[empirical_null.Row] = pickle.loads(saved.read_bytes())
+    else:
+        rows = empirical_null.explore(empirical_null.TRIALS, args.seed)
+    (out / "empirical_null.pkl").write_bytes(pickle.dumps(rows))
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
         (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
+    explored = _explore(args, out)
     live: dict[str, Any] | None = None
     if args.live_from is not None:
         live = json.loads((args.live_from / "results.json").read_text())["live"]
@@ -81,9 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"trials": args.trials, "fr_trials": sim.fr_trials(results), "seed": args.seed,
            "simulation_s": sim_s, "live": live,
            "results": [r.as_dict() for r in results],
-           "cap_sweep": [report.sweep_dict(r) for r in sweep]}  # fmt: skip
+           "cap_sweep": [report.sweep_dict(r) for r in sweep],
+           "empirical_null": [asdict(r) | {"pp5_median_s": {f"{k[0]} rps, {k[1]}": v
+                              for k, v in r.pp5_median_s.items()}} for r in explored]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    text = report.render(results, sweep, live, trials=args.trials, seed=args.seed, sim_s=sim_s)
+    text = report.render(results, sweep, live, trials=args.trials, seed=args.seed, sim_s=sim_s,
+                         explored=explored)  # fmt: skip
     (out / "canary.md").write_text(text)
     if args.trials >= 300 and live is not None:
         args.docs.write_text(text)

@@ -89,6 +89,10 @@ def dispersion(
     return phi
 
 
+#: Trials per cell (the variants' spread is far larger than this sample's).
+TRIALS = 200
+
+
 @dataclass(frozen=True)
 class Variant:
     """How the stable side's dispersion sets each block's cap (and divides its gain)."""
@@ -161,7 +165,6 @@ def explore(trials: int, seed: int) -> list[Row]:
         meds = {(c.rps, c.share): float(np.median(judge(v, b)))
                 for c, b in zip(h1, h1_blocks, strict=True)}  # fmt: skip
         rows.append(Row(v.name, rates[worst], h0[worst], sum(rates) / len(rates), meds))
-        print(rows[-1], flush=True)
     return rows
 
 
@@ -180,10 +183,55 @@ def render(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+SECTION = """## The stable side as the burst model (an empirical null, not adopted)
+
+The judge has no model of bursts. In the bursty model the stable version's
+four instances burst exactly as the canary's one does (each its own ON/OFF
+chain), and the gateway sees the stable side's errors in the same period, so
+the stable side could calibrate the burst allowance.
+`experiments/canary/empirical_null.py` estimates, from the stable blocks
+*before* each block (the last 300 s, in 5 s windows), the excess variance of
+the stable error rate over binomial, scales it to one instance (x4: stable is
+four independent instances, the canary one) and turns it into the
+quasi-likelihood factor phi of the canary's count in a window (variance
+inflation, share-weighted with the stable side's own). phi is 1 for
+independent errors; in the bursty cells its median runs from 1.0-1.3 (200 rps,
+1 % share) to about 80 (2,000 rps, 25 % share, 2 % base). Dividing a block's
+gain by a phi >= 1 known before the block keeps each factor's conditional
+expectation at most one (Jensen), so for independent errors the guarantee
+would hold. Variants, judged on the same seeded blocks ({trials} trials per
+cell; the bursty cells without outage; +5 pp on a 2 % base, median seconds):
+
+{table}
+
+None meets the 2,000 rps speed target and the false-rollback target together,
+for two reasons that tuning does not remove. *The stable side shows bursts
+only after they happen*: with 5 % ON time in 2 s spells, the four stable
+instances show no burst at all in the first 10 s of about a quarter of the
+bursty trials (0.95^4 e^-1.05 = 0.28), and a rule that must catch +5 pp in 10 s
+has to allow the large cap from the first second, when a canary burst is
+indistinguishable from the regression; a warm-up at the small cap gives the
+seconds back (the warm-up rows) and still leaves more false rollbacks than the
+default. *At low canary traffic phi is near 1 by construction* (a few canary
+requests per window: overdispersion barely changes a small count's variance),
+yet there clumps are what roll good canaries back: a cap above what one error
+adds switches the one-event gap off, and every clumped error counts in full
+(the 200 rps cells of the first and third rows). A per-instance comparison
+(the canary as one more instance, judged as an outlier) has both limits and
+at a 1 % share compares 2 requests a second with instances serving 50; it was
+not built. The default keeps the fixed cap and the one-event gap.
+"""
+
+
+def section(rows: list[Row]) -> str:
+    """The docs section: what was tried, the table and why it was not adopted."""
+    return SECTION.format(trials=TRIALS, table=render(rows))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every variant on the same seeded blocks and print the table."""
     p = argparse.ArgumentParser(prog="python -m experiments.canary.empirical_null")
-    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--trials", type=int, default=TRIALS)
     p.add_argument("--seed", type=int, default=20261201)
     args = p.parse_args(argv)
     print(render(explore(args.trials, args.seed)))

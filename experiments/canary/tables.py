@@ -136,12 +136,27 @@ def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
+def fr_verdict(h0: list[Result]) -> str:
+    """Target 1 in one plain sentence, from the per-cell rates and their intervals."""
+    cis = [(r, *_wilson(r.rolled_back, len(r.times))) for r in h0]
+    above = [r for r, lo, _ in cis if lo > 0.01]
+    over = [r for r in h0 if r.rate > 0.01]
+    if above:
+        return (f"Target 1 is missed: {len(above)} cell(s) are above 1 % beyond sampling "
+                f"doubt (worst {_pct(max(r.rate for r in above))}).")  # fmt: skip
+    if over:
+        return (f"Target 1 is missed as stated ({len(over)} cell(s) measured above 1 %), "
+                "though none is above 1 % beyond sampling doubt at this many trials.")  # fmt: skip
+    return "Target 1 is met: no cell measured above 1 %."
+
+
 def reading_numbers(
     results: Iterable[Result], sweep: Iterable[SweepRow], trials: int
 ) -> dict[str, str]:
     """Pooled and worst false-rollback rates of ours and the sweep's fastest cap, for the text."""
     h0 = [r for r in results if r.rule == "sequential" and r.regression == "none"]
     ind = [r.rate for r in h0 if r.cell.model == "independent"]
+    ind_worst = max((r for r in h0 if r.cell.model == "independent"), key=lambda r: r.rate)
     bur = [r for r in h0 if r.cell.model == "bursty"]
     worst = max(bur, key=lambda r: r.rate)
     k = round(worst.rate * len(worst.times))
@@ -150,8 +165,13 @@ def reading_numbers(
     sparse = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
               and (r.cell.rps, r.cell.share, r.cell.base_error) == (200, 0.01, 0.001)]  # fmt: skip
     cis = [_wilson(r.rolled_back, len(r.times)) for r in h0]
+    n = max(len(r.times) for r in h0)
     return {
         "fr_trials": str(max(len(r.times) for r in h0)),
+        "fr_verdict": fr_verdict(h0),
+        "fr_ci_1pct": "{} - {}".format(*map(_pct, _wilson(n // 100, n))),
+        "ind_worst": f"{_pct(ind_worst.rate)} ({_cell(ind_worst)})",
+        "bur_worst_cell": _cell(worst),
         "fr_cells_above": str(sum(lo > 0.01 for lo, _ in cis)),
         "fr_cells_unsure": str(sum(lo <= 0.01 < hi for lo, hi in cis)),
         "fr_cells_over": str(sum(r.rate > 0.01 for r in h0)),

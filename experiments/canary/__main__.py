@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = simulate_all(args.trials, args.seed, args.workers, args.fr_trials or args.trials)
         sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
-        (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
+    (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
     explored = _explore(args, out)
     live: dict[str, Any] | None = None
     if args.live_from is not None:

@@ -81,17 +81,30 @@ def test_a_calm_stable_side_lets_the_quasi_variant_use_the_large_cap() -> None:
     assert quasi < float(np.median(rules.sequential(blocks, 0.01)))
 
 
-def _h0(rolled_back: int, trials: int) -> sim.Result:
-    times = (5.0,) * rolled_back + (math.inf,) * (trials - rolled_back)
-    return sim.Result(Cell(200, 0.01, 0.01, model="bursty"), "none", "sequential", times)
+def _grid(rolled_back: dict[int, int], trials: int = 3000, cells: int = 96) -> list[sim.Result]:
+    """The first ``cells`` cells of the false-rollback grid, cell i with ``rolled_back[i]``."""
+    out = []
+    for i, cell in enumerate(list(sim.h0_cells())[:cells]):
+        k = rolled_back.get(i, 0)
+        times = (5.0,) * k + (math.inf,) * (trials - k)
+        out.append(sim.Result(cell, "none", "sequential", times))
+    return out
 
 
 def test_target_one_is_stated_from_rates_and_intervals() -> None:
     """Met when no cell is over 1 %; missed when one is, and said when beyond sampling doubt."""
-    assert tables.fr_verdict([_h0(30, 3000), _h0(3, 3000)]).startswith("Target 1 is met")
-    unsure = tables.fr_verdict([_h0(33, 3000)])
+    assert tables.fr_verdict(_grid({0: 30, 5: 3})).startswith("Target 1 is met")
+    unsure = tables.fr_verdict(_grid({7: 33}))
     assert unsure.startswith("Target 1 is missed as stated") and "none is above" in unsure
-    assert "beyond sampling doubt (worst 2.0 %)" in tables.fr_verdict([_h0(60, 3000)])
+    assert "beyond sampling doubt (worst 2.0 %)" in tables.fr_verdict(_grid({3: 60}))
+
+
+def test_cells_not_run_are_shown_and_keep_target_one_open() -> None:
+    """A grid cut short: the missing cells read 'not run' and target 1 is not called met."""
+    short = _grid({}, cells=90)
+    assert tables.fr_verdict(short) == "Target 1 cannot be stated: 6 cell(s) were not run."
+    assert tables.false_rollbacks_by_cell(short, "sequential").count("not run") == 6
+    assert "6 cell(s) not run" in tables.fr_verdict(_grid({1: 40}, cells=90))
 
 
 def test_the_exploration_section_renders_every_variant() -> None:

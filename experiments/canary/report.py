@@ -123,8 +123,9 @@ errors, a one-event allowance in every block) measured on the same grid and
 seed: worst false-rollback cell 1.3 %, +5 pp at 200 rps / 1 % share in 102
 s, at 2,000 rps in 30 s.
 
-*False rollbacks.* Every one of the 96 cells ran {fr_trials} trials (the
-same count everywhere: no cell was picked for a rerun because it looked bad),
+*False rollbacks.* The false-rollback grid ran {fr_trials} trials in each of
+{fr_cells_run} of its 96 cells (the same count everywhere, the cells in a fixed
+order: none was picked for a rerun because it looked bad),
 so a cell measuring 1 % has the 95 % interval {fr_ci_1pct}, where 300
 trials could not tell 0.7 % from 1.7 %. For independent errors the bound is a
 theorem (Ville's inequality): pooled over the 48 independent cells

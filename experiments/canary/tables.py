@@ -51,9 +51,10 @@ def false_rollbacks_by_cell(results: Iterable[Result], rule: str) -> str:
     for rps in RPS:
         for share in SHARES:
             for base in BASE_ERRORS:
-                vals = [h0[(rps, share, base, o, m)] for m in MODELS for o in (False, True)]
+                vals = [h0.get((rps, share, base, o, m)) for m in MODELS for o in (False, True)]
                 rows.append(f"| {rps} | {100 * share:g} % | {100 * base:g} % | "
-                            + " | ".join(_rate_ci(v) for v in vals) + " |")  # fmt: skip
+                            + " | ".join("not run" if v is None else _rate_ci(v) for v in vals)
+                            + " |")  # fmt: skip
     return "\n".join(rows)
 
 
@@ -144,6 +145,13 @@ def fr_verdict(h0: list[Result]) -> str:
     if above:
         return (f"Target 1 is missed: {len(above)} cell(s) are above 1 % beyond sampling "
                 f"doubt (worst {_pct(max(r.rate for r in above))}).")  # fmt: skip
+    missing = 2 * len(MODELS) * len(RPS) * len(SHARES) * len(BASE_ERRORS) - len(h0)
+    if over and missing:
+        return (f"Target 1 is missed as stated ({len(over)} cell(s) measured above 1 %; "
+                f"{missing} cell(s) not run), though none is above 1 % beyond sampling "
+                "doubt at this many trials.")  # fmt: skip
+    if missing:
+        return f"Target 1 cannot be stated: {missing} cell(s) were not run."
     if over:
         return (f"Target 1 is missed as stated ({len(over)} cell(s) measured above 1 %), "
                 "though none is above 1 % beyond sampling doubt at this many trials.")  # fmt: skip
@@ -169,6 +177,7 @@ def reading_numbers(
     return {
         "fr_trials": str(max(len(r.times) for r in h0)),
         "fr_verdict": fr_verdict(h0),
+        "fr_cells_run": str(len(h0)),
         "fr_ci_1pct": "{} - {}".format(*map(_pct, _wilson(n // 100, n))),
         "ind_worst": f"{_pct(ind_worst.rate)} ({_cell(ind_worst)})",
         "bur_worst_cell": _cell(worst),

@@ -117,3 +117,14 @@ def test_the_exploration_section_renders_every_variant() -> None:
     text = empirical_null.section(rows)
     assert all(f"| {v.name} |" in text for v in empirical_null.VARIANTS)
     assert "| 4.0 % | 200 rps, 25 % share, 0.5 % base | 0.40 % | 11 s | 80 s |" in text
+
+
+def test_the_false_rollback_page_states_target_one_and_every_cell() -> None:
+    """The standalone page: provenance, the verdict, pooled rates and the 'not run' cells."""
+    from experiments.canary import fr_report
+
+    text = fr_report.render(_grid({60: 34}, cells=85), "partial.pkl")
+    assert "From `partial.pkl`: 3000 seeded trials per cell" in text
+    assert "85 of the 96 cells" in text and text.count("not run") == 11 + 2
+    assert "Target 1 is missed as stated (1 cell(s) measured above 1 %; 11 cell(s) not run)" in text
+    assert "| bursty | 37 | 34 / 111000 = 0.03 % |" in text

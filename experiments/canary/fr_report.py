@@ -20,7 +20,7 @@ from experiments.canary.sim import Result, fr_trials
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def render(results: list[Result], source: str) -> str:
+def render(results: list[Result], source: str, note: str = "") -> str:
     """The page: provenance, the verdict, pooled rates per error model, every cell."""
     seq = [r for r in results if r.rule == "sequential" and r.regression == "none"]
     lines = [
@@ -28,7 +28,8 @@ def render(results: list[Result], source: str) -> str:
         "",
         f"From `{source}`: {fr_trials(seq)} seeded trials per cell (seed 20261201), "
         f"{len(seq)} of the 96 cells (the grid runs in a fixed order; the cells not "
-        "reached read 'not run'). Identical canary, 10 simulated minutes, alpha 0.01.",
+        "reached read 'not run'). Identical canary, 10 simulated minutes, alpha 0.01."
+        + (f" {note}" if note else ""),
         "",
         tables.fr_verdict(seq),
         "",
@@ -54,11 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Read the pickled results, write the page."""
     p = argparse.ArgumentParser(prog="python -m experiments.canary.fr_report")
     p.add_argument("results", type=Path, help="a pickled list of sim.Result")
+    p.add_argument("--note", default="", help="a sentence of provenance for the page")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "canary-false-rollbacks.md")
     args = p.parse_args(argv)
     results: list[Result] = pickle.loads(args.results.read_bytes())
     source = args.results.name
-    args.out.write_text(render(results, source))
+    args.out.write_text(render(results, source, args.note))
     print(f"wrote {args.out}")
     return 0
 

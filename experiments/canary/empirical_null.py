@@ -204,8 +204,10 @@ cell; the bursty cells without outage; +5 pp on a 2 % base, median seconds):
 
 {table}
 
-None meets the 2,000 rps speed target and the false-rollback target together,
-for two reasons that tuning does not remove. *The stable side shows bursts
+None meets the 2,000 rps speed target and the false-rollback target together
+(the variants without a warm-up are the fastest and still take 11 s at a 1 %
+share, with several times the default's false rollbacks), for two reasons
+that tuning does not remove. *The stable side shows bursts
 only after they happen*: with 5 % ON time in 2 s spells, the four stable
 instances show no burst at all in the first 10 s of about a quarter of the
 bursty trials (0.95^4 e^-1.05 = 0.28), and a rule that must catch +5 pp in 10 s

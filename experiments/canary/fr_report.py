@@ -54,11 +54,13 @@ def render(results: list[Result], source: str, note: str = "") -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Read the pickled results, write the page."""
     p = argparse.ArgumentParser(prog="python -m experiments.canary.fr_report")
-    p.add_argument("results", type=Path, help="a pickled list of sim.Result")
+    p.add_argument("results", type=Path, help="results.pkl or a pickled Result list")
     p.add_argument("--note", default="", help="a sentence of provenance for the page")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "canary-false-rollbacks.md")
     args = p.parse_args(argv)
-    results: list[Result] = pickle.loads(args.results.read_bytes())
+    loaded = pickle.loads(args.results.read_bytes())
+    # a run's results.pkl holds (results, simulation seconds, cap sweep)
+    results: list[Result] = loaded[0] if isinstance(loaded, tuple) else loaded
     source = args.results.name
     args.out.write_text(render(results, source, args.note))
     print(f"wrote {args.out}")

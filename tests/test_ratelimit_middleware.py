@@ -99,6 +99,10 @@ async def test_snapshot_and_metrics_show_the_limiter() -> None:
         'ballast_ratelimit_decisions_total{mode="local",outcome="denied",source="local"} 1.0'
         in text
     )
+    # Both requests' decision waits are recorded (local mode never waits: the first bucket).
+    assert sum(snap["decision_wait"]["buckets_s"].values()) == 2
+    assert 0.0 <= snap["decision_wait"]["max_ms"] < 1000.0
+    assert "ballast_ratelimit_decision_wait_seconds_count 2.0" in text
 
 
 def test_resolver_keys() -> None:

@@ -95,6 +95,35 @@ async def test_heartbeats_count_live_gateways(redis: RedisProcess) -> None:
             await lim.close()
 
 
+async def test_lease_calls_carry_the_heartbeat(redis: RedisProcess) -> None:
+    """Each lease call is also a heartbeat: the twin is counted, no periodic trip while busy."""
+    prefix = uuid.uuid4().hex
+    clock = FakeClock()
+    extra = {"redis_timeout_ms": 1000, "heartbeat_ms": 1000, "lease": {"max_tokens": 2}}
+    a, b = (_limiter(redis.url, "lease", prefix, clock, **extra) for _ in range(2))
+    assert isinstance(a, LeaseLimiter) and isinstance(b, LeaseLimiter)
+    for lim in (a, b):
+        lim._started = True  # no background loops: the test runs the periodic step itself
+    limits = Limits(0.001, 100)
+    try:
+        assert (await a.decide("k", limits)).allowed
+        assert (await b.decide("k", limits)).allowed
+        assert b.live_gateways() == 2  # a's lease call put it in the set
+        leases = a.stats.redis_calls[("lease", "ok")]
+        for _ in range(6):  # spends the 2-token leases: at least one more lease call
+            assert (await a.decide("k", limits)).allowed
+        assert a.stats.redis_calls[("lease", "ok")] > leases
+        assert a.live_gateways() == 2
+        await a._heartbeat_if_due()  # a lease call answered within the period: no trip
+        assert a.stats.redis_calls[("heartbeat", "ok")] == 0
+        clock.advance(1.0)  # a full period without a lease call: the heartbeat is due
+        await a._heartbeat_if_due()
+        assert a.stats.redis_calls[("heartbeat", "ok")] == 1
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> None:
     """With Redis gone decisions come fast from limit/live; after restart the charge lands."""
     server = start_redis()

@@ -24,6 +24,7 @@ heartbeat; on ``lifespan.shutdown`` it stops its loops and closes its connection
 from __future__ import annotations
 
 import math
+from time import perf_counter
 
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
@@ -54,7 +55,10 @@ class RateLimitMiddleware:
             return
         rt = self.runtime
         key, limits = rt.resolver.resolve(scope)
-        decision = await rt.limiter.decide(key, limits)
+        limiter = rt.limiter
+        start = perf_counter()
+        decision = await limiter.decide(key, limits)
+        limiter.stats.waited(perf_counter() - start)
         if decision.allowed:
             if rt.config.headers == "all":
                 reset = max(0, math.ceil(decision.reset_s))

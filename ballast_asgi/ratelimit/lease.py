@@ -14,6 +14,9 @@ waits for the refill at most ``redis_timeout_ms``. When Redis grants nothing
 the bucket is empty: the gateway refuses locally until Redis says a quarter
 lease exists (no call in between), then asks again on its own. When Redis does not answer, the
 request is decided on the gateway's share and charged back later.
+
+Every lease call is also this gateway's heartbeat (``SharedBase.saw_beat``), so a
+busy gateway makes no heartbeat trips of its own.
 """
 
 from __future__ import annotations
@@ -137,14 +140,16 @@ class LeaseLimiter(SharedBase):
         want = self.size_for(lease, limits, now)
         self.stats.lease_requests += 1
         self.stats.last_lease_size = want
-        args = (repr(limits.interval_s), repr(limits.tau_s), want)
+        keys = [self.key("b", key), self.key("gw")]
+        args = [repr(limits.interval_s), repr(limits.tau_s), want, *self.beat_args()]
         try:
-            granted, debt = await self.background("lease", [self.key("b", key)], args)
+            granted, debt, live = await self.background("lease", keys, args)
         except Missed as exc:
             lease.pending = None
             future.set_exception(exc)
             future.exception()  # retrieved: waiters that timed out never see it
             return
+        self.saw_beat(live)
         self._grant(key, lease, int(granted), float(debt), limits, want)
         lease.pending = None
         future.set_result(None)

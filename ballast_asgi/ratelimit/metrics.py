@@ -53,7 +53,16 @@ class RateLimitCollector(Collector):
         for (op, result), n in sorted(s.redis_calls.items()):
             calls.add_metric([op, result], n)
         yield calls
-        yield _latency(s.latency_counts, s.latency_sum)
+        yield _histogram(
+            "ballast_ratelimit_redis_latency_seconds", "Redis call latency (calls that answered).",
+            s.latency_counts, s.latency_sum,
+        )  # fmt: skip
+        yield _histogram(
+            "ballast_ratelimit_decision_wait_seconds",
+            "How long requests waited for their rate-limit decision (bounded by the Redis"
+            " timeout).",
+            s.wait_counts, s.wait_sum,
+        )  # fmt: skip
         state = GaugeMetricFamily(
             "ballast_ratelimit_redis_breaker_state", "1 for the Redis breaker's state.",
             labels=["state"],
@@ -69,18 +78,13 @@ class RateLimitCollector(Collector):
         yield from _lease(s)
 
 
-def _latency(counts: list[int], total: float) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, counts: list[int], total: float) -> HistogramMetricFamily:
     buckets: list[tuple[str, float]] = []
     running = 0
     for bound, n in zip((*LATENCY_BUCKETS, float("inf")), counts, strict=True):
         running += n
         buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
-    return HistogramMetricFamily(
-        "ballast_ratelimit_redis_latency_seconds",
-        "Redis call latency (calls that answered).",
-        buckets=buckets,
-        sum_value=total,
-    )
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
 
 
 def _lease(s: RateLimitStats) -> Iterator[Metric]:

@@ -37,9 +37,23 @@ return {0, string.format('%.6f', tat - now)}
 """
 )
 
-#: Lease: take up to ARGV[3] whole tokens. Reply: {granted, debt_s}.
+#: Heartbeat body: add gateway ``id`` to the sorted set ``set`` (scored by ``now``), drop the
+#: members not seen for ``ttl`` seconds, reply with how many are left (the live gateways).
+_BEAT = """
+local function beat(set, id, ttl)
+  redis.call('ZADD', set, now, id)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now - ttl)
+  redis.call('PEXPIRE', set, math.ceil(ttl * 2000))
+  return redis.call('ZCARD', set)
+end
+"""
+
+#: Lease: take up to ARGV[3] whole tokens. With KEYS[2] (the heartbeat set) the call is also
+#: this gateway's heartbeat (ARGV[4] id, ARGV[5] ttl_s), so a busy gateway needs no separate
+#: heartbeat trip. Reply: {granted, debt_s, live (0 without KEYS[2])}.
 LEASE = (
     _PRELUDE
+    + _BEAT
     + """
 local have = math.floor((tau - (tat - now)) / T + 1e-9)
 local g = math.min(tonumber(ARGV[3]), have)
@@ -48,7 +62,9 @@ if g > 0 then
   tat = tat + g * T
   store(tat)
 end
-return {g, string.format('%.6f', tat - now)}
+local live = 0
+if KEYS[2] then live = beat(KEYS[2], ARGV[4], tonumber(ARGV[5])) end
+return {g, string.format('%.6f', tat - now), live}
 """
 )
 
@@ -122,14 +138,16 @@ return {string.format('%.6f', total), live, string.format('%.6f', taken)}
 )
 
 #: Heartbeat: ZSET of gateway ids scored by last-seen time. ARGV: id, ttl_s. Reply: live count.
-HEARTBEAT = """
+HEARTBEAT = (
+    """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 2000))
-return redis.call('ZCARD', KEYS[1])
 """
+    + _BEAT
+    + """
+return beat(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+"""
+)
 
 #: Leave: remove this gateway from the heartbeat set at shutdown. ARGV: id.
 LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"

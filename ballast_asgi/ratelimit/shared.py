@@ -10,13 +10,18 @@ the breaker. While the breaker is open no call is made at all.
 
 The fallback share is ``limit / live gateways`` (``Limits.scaled``), learned
 from heartbeats: each gateway adds itself to a sorted set every
-``heartbeat_s`` and counts the members seen within ``3 * heartbeat_s``.
+``heartbeat_s`` and counts the members seen within ``3 * heartbeat_s``. A mode
+whose own calls carry the heartbeat (``lease``: every lease call is also a
+heartbeat) reports them with ``saw_beat``, and the periodic heartbeat is then
+skipped while those calls are frequent enough: a busy gateway makes no
+heartbeat trips of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -67,6 +72,7 @@ class SharedBase:
         self.fallback = LocalBuckets(max_keys)
         self.charges = ChargeBook(max_keys)
         self.live = 1
+        self._last_beat = -math.inf
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._flushing = False
@@ -95,7 +101,7 @@ class SharedBase:
     async def _warm_then_beat(self) -> None:
         with contextlib.suppress(RedisUnavailable, TimeoutError):
             await asyncio.wait_for(self.client.warm_up(), BACKGROUND_TIMEOUT_S)
-        await self._every(self.heartbeat_s, self.heartbeat)
+        await self._every(self.heartbeat_s, self._heartbeat_if_due)
 
     def start_loops(self) -> None:
         """Mode-specific background loops (none by default)."""
@@ -219,7 +225,21 @@ class SharedBase:
     # -- heartbeats -----------------------------------------------------------
     async def heartbeat(self) -> None:
         """Announce this gateway and learn how many are alive."""
-        live = await self.background("heartbeat", [self.key("gw")], [self.id, 3 * self.heartbeat_s])
+        live = await self.background("heartbeat", [self.key("gw")], self.beat_args()[:2])
+        self.saw_beat(live)
+
+    async def _heartbeat_if_due(self) -> None:
+        """The periodic heartbeat, unless a call that carried one answered within the period."""
+        if self.clock() - self._last_beat >= self.heartbeat_s:
+            await self.heartbeat()
+
+    def beat_args(self) -> list[Any]:
+        """This gateway's id and the heartbeat set's time to live, for a script that beats."""
+        return [self.id, 3 * self.heartbeat_s]
+
+    def saw_beat(self, live: Any) -> None:
+        """A heartbeat answered (on its own or carried by another call): ``live`` gateways."""
+        self._last_beat = self.clock()
         self.live = max(1, int(live))
 
     def live_gateways(self) -> int:

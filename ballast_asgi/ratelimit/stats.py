@@ -31,6 +31,10 @@ class RateLimitStats:
     last_lease_size: int = 0
     charged_back: int = 0
     charge_lapsed: int = 0
+    #: How long requests waited for their decision (the middleware's ``await decide``).
+    wait_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    wait_sum: float = 0.0
+    wait_max: float = 0.0
 
     def decided(self, allowed: bool, source: str) -> None:
         """Count one decision."""
@@ -42,6 +46,13 @@ class RateLimitStats:
         if seconds is not None:
             self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
             self.latency_sum += seconds
+
+    def waited(self, seconds: float) -> None:
+        """Record how long one request waited for its decision."""
+        self.wait_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.wait_sum += seconds
+        if seconds > self.wait_max:
+            self.wait_max = seconds
 
     @property
     def total_decisions(self) -> int:
@@ -65,4 +76,10 @@ class RateLimitStats:
                 "last_size": self.last_lease_size,
             },
             "charge_back": {"charged": self.charged_back, "lapsed": self.charge_lapsed},
+            "decision_wait": {
+                "max_ms": round(self.wait_max * 1000, 3),
+                "buckets_s": dict(
+                    zip(map(str, (*LATENCY_BUCKETS, "inf")), self.wait_counts, strict=True)
+                ),
+            },
         }

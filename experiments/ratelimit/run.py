@@ -59,6 +59,10 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
         "gen_cpu_share": gen_cpu / run.shape.duration_s,
         "gw_cpu_share": gw_cpu / run.shape.duration_s,
         "decisions": analyze.delta(before, after), **run.tags,
+        # The pair serves this run's phase only; its gateways' slowest decision so far.
+        "decision_wait_max_ms": max(
+            (a["decision_wait"]["max_ms"] for a in after if a), default=0.0
+        ),
     }  # fmt: skip
     if run.kill_at_s is not None:
         window = (run.kill_at_s, run.shape.duration_s)

@@ -56,3 +56,20 @@ def test_delta_sums_both_gateways_and_skips_late_answers() -> None:
               "redis_calls": {"lease/ok": 3, "gcra/late": 9}}] * 2  # fmt: skip
     d = delta(before, after)
     assert d == {"decisions": 24, "local": 20, "redis": 0, "degraded": 4, "trips": 4}
+
+
+def test_clientbench_measures_cpu_per_call() -> None:
+    """The client benchmark's meter divides this process's CPU by the calls it made."""
+    import asyncio
+
+    from experiments.ratelimit.clientbench import cpu_per_call
+
+    seen: list[str] = []
+
+    async def call(key: str) -> None:
+        seen.append(key)
+        sum(range(2000))  # some CPU, so the meter has something to read
+
+    us = asyncio.run(cpu_per_call(call, calls=40, callers=4))
+    assert len(seen) == 40 and set(seen) == {f"bench-{k}" for k in range(4)}
+    assert 0.0 < us < 1e6

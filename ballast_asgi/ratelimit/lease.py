@@ -150,6 +150,7 @@ class LeaseLimiter(SharedBase):
             future.exception()  # retrieved: waiters that timed out never see it
             return
         self.saw_beat(live)
+        self.follow(key, limits, float(debt), self.clock())
         self._grant(key, lease, int(granted), float(debt), limits, want)
         lease.pending = None
         future.set_result(None)

@@ -5,7 +5,10 @@ On a miss, an error or an open breaker it is decided on this gateway's share
 (``SharedBase.degrade``) and, if admitted, charged back later. A late answer
 is reconciled: if Redis admitted it too, the shared bucket already counted it
 (the pending charge is cancelled); if Redis refused it, the charge stands; if
-Redis admitted a request this gateway refused, the token goes back.
+Redis admitted a request this gateway refused, the token goes back. Every
+answer, on time or late, also empties this gateway's share as far as the shared
+bucket is empty (``SharedBase.follow``), so decisions made alone start from
+the shared state.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class RedisLimiter(SharedBase):
         decided: list[Decision] = []
 
         def late(result: Any) -> None:
+            if result is not None:
+                self.follow(key, limits, float(result[1]), self.clock())
             if result is None or not int(result[0]) or not decided:
                 return
             if decided[0].allowed:
@@ -43,6 +48,7 @@ class RedisLimiter(SharedBase):
             decided.append(decision)
             return decision
         decision = from_debt(bool(int(allowed)), float(debt), limits)
+        self.follow(key, limits, float(debt), self.clock())
         self.stats.decided(decision.allowed, "redis")
         return decision
 

@@ -73,3 +73,15 @@ def test_clientbench_measures_cpu_per_call() -> None:
     us = asyncio.run(cpu_per_call(call, calls=40, callers=4))
     assert len(seen) == 40 and set(seen) == {f"bench-{k}" for k in range(4)}
     assert 0.0 < us < 1e6
+
+
+def test_waits_over_counts_the_histogram_delta_above_the_bound() -> None:
+    """Decision waits over 2 ms during a run: the buckets above 0.002 s, both gateways."""
+    from experiments.ratelimit.analyze import waits_over
+
+    def snap(fast: int, slow: int) -> dict[str, object]:
+        return {"decision_wait": {"buckets_s": {"0.001": fast, "0.002": 0, "0.005": slow}}}
+
+    before = [snap(10, 1), snap(5, 0)]
+    after = [snap(110, 3), snap(55, 0)]
+    assert waits_over(before, after, 0.002) == (2, 152)

@@ -112,6 +112,21 @@ def delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str
     return out
 
 
+def waits_over(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], bound_s: float
+) -> tuple[int, int]:
+    """Decisions during a run that waited longer than ``bound_s`` (a histogram bound), and all."""
+    over = total = 0
+    for b, a in zip(before, after, strict=True):
+        if a is None or b is None:
+            continue
+        for edge, n in a["decision_wait"]["buckets_s"].items():
+            diff = n - b["decision_wait"]["buckets_s"].get(edge, 0)
+            total += diff
+            over += diff if float(edge) > bound_s else 0
+    return over, total
+
+
 def median_range(values: Sequence[float]) -> str:
     """``median (min..max)`` for repeated runs, one value as itself."""
     if len(values) == 1:

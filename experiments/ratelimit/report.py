@@ -137,8 +137,9 @@ def table_breaker(rows: Sequence[Row]) -> str:
 def table_faults(rows: Sequence[Row], base_p99: float) -> tuple[str, dict[str, dict[str, float]]]:
     """Table 3: Redis 5 ms slower, and Redis stopped mid-run."""
     out = ["| Redis | mode | admitted vs perfect | p99 added ms | degraded decisions | "
-           "outage: over-admission x limit | outage: max latency ms | slowest decision ms |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+           "outage: over-admission x limit | outage: max latency ms | slowest decision ms | "
+           "decisions waiting > 2 ms |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     stats: dict[str, dict[str, float]] = {}
     for cond in ("slow", "stop"):
         for mode in MODES:
@@ -151,14 +152,16 @@ def table_faults(rows: Sequence[Row], base_p99: float) -> tuple[str, dict[str, d
             ox = f"{o['over_x_limit']:.2f}" if o else "-"
             om = f"{o['max_ms']:.1f}" if o else "-"
             wait = r.get("decision_wait_max_ms", math.nan)
+            over, total = r.get("decision_waits_over_timeout", (0, 0))
+            late = f"{over} of {total}" if total else "-"
             stats[f"{cond}-{mode}"] = {"over_x": o["over_x_limit"] if o else 0.0,
                                        "max_ms": o["max_ms"] if o else math.nan,
-                                       "wait_ms": wait}  # fmt: skip
+                                       "wait_ms": wait, "late": over, "decided": total}  # fmt: skip
             label = "5 ms slower" if cond == "slow" else "stopped after 3 s"
             added = r["p99_ms"] - base_p99
             out.append(f"| {label} | {mode} | {a['net_pct']:+.2f} % | {added:+.2f} | "
                        f"{d['degraded']:.0f} of {d['decisions']:.0f} | {ox} | {om} | "
-                       f"{wait:.2f} |")  # fmt: skip
+                       f"{wait:.2f} | {late} |")  # fmt: skip
     return "\n".join(out), stats
 
 
@@ -184,8 +187,9 @@ def targets(s80: dict[str, Any], s150: dict[str, Any], faults: dict[str, Any], t
         if f:
             add(f"{mode}: Redis stopped, over-admission <= 1x limit for the outage",
                 f"{f['over_x']:.2f}x", f["over_x"] <= 1.0)  # fmt: skip
-            add(f"{mode}: Redis stopped, slowest decision in the gateway <= {timeout_ms:g} + 1 ms",
-                f"{f['wait_ms']:.2f} ms", f["wait_ms"] <= timeout_ms + 1.0)  # fmt: skip
+            add(f"{mode}: Redis stopped, no decision waits > {timeout_ms:g} ms (in the gateway)",
+                f"{f['late']} of {f['decided']}, slowest {f['wait_ms']:.2f} ms",
+                f["decided"] > 0 and f["late"] == 0)  # fmt: skip
             bound = base_max_ms + timeout_ms
             add(f"{mode}: Redis stopped, slowest <= no-limiter slowest + {timeout_ms:g} ms",
                 f"{f['max_ms']:.1f} ms vs {bound:.1f} ms", f["max_ms"] <= bound)  # fmt: skip

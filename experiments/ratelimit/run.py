@@ -33,6 +33,8 @@ from experiments.ratelimit.plan import Run, Scale, section, shapes, zipf_section
 from experiments.ratelimit.procs import Pair, gateway_config, pairs, upstream
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The gateways' ``redis_timeout_ms`` (the default), for the decision-wait check.
+REDIS_TIMEOUT_S = 0.002
 
 
 def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
@@ -65,6 +67,8 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
         ),
     }  # fmt: skip
     if run.kill_at_s is not None:
+        over, total = analyze.waits_over(before, after, REDIS_TIMEOUT_S)
+        row["decision_waits_over_timeout"] = [over, total]
         window = (run.kill_at_s, run.shape.duration_s)
         outage = analyze.admission(results, run.limits, window)
         outage_results = [r for r in results if window[0] <= r.offset_s]

@@ -116,7 +116,10 @@ async def test_lease_calls_carry_the_heartbeat(redis: RedisProcess) -> None:
         assert a.live_gateways() == 2
         await a._heartbeat_if_due()  # a lease call answered within the period: no trip
         assert a.stats.redis_calls[("heartbeat", "ok")] == 0
-        clock.advance(1.0)  # a full period without a lease call: the heartbeat is due
+        clock.advance(0.4)  # within half a period of a lease call: still no trip
+        await a._heartbeat_if_due()
+        assert a.stats.redis_calls[("heartbeat", "ok")] == 0
+        clock.advance(0.2)  # over half a period without a lease call: the heartbeat is due
         await a._heartbeat_if_due()
         assert a.stats.redis_calls[("heartbeat", "ok")] == 1
     finally:
@@ -139,6 +142,25 @@ async def test_the_own_share_follows_the_shared_bucket(redis: RedisProcess, mode
         fresh = _limiter(redis.url, mode, uuid.uuid4().hex, clock, **extra)
         assert fresh.degrade("k", limits, clock.now).allowed  # type: ignore[attr-defined]
         await fresh.close()
+    finally:
+        await lim.close()
+
+
+async def test_lease_with_the_breaker_open_decides_alone_without_waiting(
+    redis: RedisProcess,
+) -> None:
+    """With the Redis breaker open a lease gateway decides on its share at once: no refill."""
+    clock = FakeClock()
+    lim = _limiter(redis.url, "lease", uuid.uuid4().hex, clock, redis_timeout_ms=1000)
+    assert isinstance(lim, LeaseLimiter)
+    lim._started = True  # no background loops
+    for _ in range(5):
+        lim.breaker.record(False, clock.now)
+    assert lim.breaker_state() == "open"
+    try:
+        decision = await lim.decide("k", Limits(10.0, 5))
+        assert decision.degraded and decision.allowed
+        assert lim.stats.lease_requests == 0 and lim.leases.peek("k").pending is None  # type: ignore[union-attr]
     finally:
         await lim.close()
 

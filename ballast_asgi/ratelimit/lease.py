@@ -10,7 +10,8 @@ bucket; Redis grants at most what the bucket holds).
 
 When the lease falls below a quarter of its size a refill starts in the
 background, so the request path rarely waits. A request that finds no tokens
-waits for the refill at most ``redis_timeout_ms``. When Redis grants nothing
+waits for the refill at most ``redis_timeout_ms`` (not at all while the Redis
+breaker is open: it is decided on the gateway's share at once). When Redis grants nothing
 the bucket is empty: the gateway refuses locally until Redis says a quarter
 lease exists (no call in between), then asks again on its own. When Redis does not answer, the
 request is decided on the gateway's share and charged back later.
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ballast_asgi.ratelimit.core.accounting import RateEstimate, lease_size
+from ballast_asgi.ratelimit.core.breaker import OPEN
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.core.table import KeyTable
 from ballast_asgi.ratelimit.shared import Missed, SharedBase
@@ -106,6 +108,10 @@ class LeaseLimiter(SharedBase):
                 retry = lease.empty_until - now
                 return Decision(False, 0, retry, retry, limits)
             if lease.pending is None:
+                if self.breaker.state(now) == OPEN:
+                    # Redis is known to be down: decide alone at once, no refill to wait for
+                    # (waiting for one that fails takes event-loop turns a busy gateway lacks).
+                    return self.degrade(key, limits, now)
                 lease.pending = asyncio.get_running_loop().create_future()
                 self.spawn(self._refill(key, lease, limits))
             try:

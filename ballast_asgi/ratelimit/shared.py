@@ -244,8 +244,14 @@ class SharedBase:
         self.saw_beat(live)
 
     async def _heartbeat_if_due(self) -> None:
-        """The periodic heartbeat, unless a call that carried one answered within the period."""
-        if self.clock() - self._last_beat >= self.heartbeat_s:
+        """The periodic heartbeat, unless a call that carried one answered in the last half period.
+
+        Half, not a whole one: the loop's sleep may wake a hair early (uvloop's timers have
+        millisecond resolution), and a beat skipped by that hair would space this gateway's
+        own beats a whole extra period apart, close to the three periods after which its
+        peers stop counting it.
+        """
+        if self.clock() - self._last_beat >= 0.5 * self.heartbeat_s:
             await self.heartbeat()
 
     def beat_args(self) -> list[Any]:

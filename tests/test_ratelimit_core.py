@@ -165,9 +165,9 @@ def test_rebuilt_breaker_half_open_lets_one_probe() -> None:
     b = RedisBreaker()
     for _ in range(5):
         b.record(False, 0.0)
-    assert not b.allow(0.099)
-    assert b.state(0.1) == HALF_OPEN
-    assert b.allow(0.1) and not b.allow(0.1)
+    assert not b.allow(0.099) and b.refusing(0.099)
+    assert b.state(0.1) == HALF_OPEN and not b.refusing(0.1)  # asking does not claim the probe
+    assert b.allow(0.1) and b.refusing(0.1) and not b.allow(0.1)
     b.record(False, 0.11)
     assert b.state(0.11) == OPEN
     assert b.allow(0.22)
@@ -185,8 +185,8 @@ def test_naive_breaker_three_misses_pause_for_a_second() -> None:
     assert b.allow(0.0)
     b.record(False, 0.0)
     b.record(False, 0.0)
-    assert not b.allow(0.5) and b.state(0.5) == OPEN
-    assert b.allow(1.0) and b.state(1.0) == CLOSED
+    assert not b.allow(0.5) and b.state(0.5) == OPEN and b.refusing(0.5)
+    assert b.allow(1.0) and b.state(1.0) == CLOSED and not b.refusing(1.0)
 
 
 def test_charge_book_drains_lapses_and_restores() -> None:

@@ -306,6 +306,9 @@ async def test_client_wrapper_reloads_flushed_scripts(redis: RedisProcess) -> No
     finally:
         await client.close()
     dead = RedisClient(f"redis://127.0.0.1:{free_port()}/0")
+    start = time.perf_counter()
     with pytest.raises(RedisUnavailable):
         await dead.run("leave", ["x"], ["me"])
+    # At once: the drivers' deadline and breaker are the policy, nothing may retry below them.
+    assert time.perf_counter() - start < 1.0
     await dead.close()

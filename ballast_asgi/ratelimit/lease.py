@@ -11,7 +11,7 @@ bucket; Redis grants at most what the bucket holds).
 When the lease falls below a quarter of its size a refill starts in the
 background, so the request path rarely waits. A request that finds no tokens
 waits for the refill at most ``redis_timeout_ms`` (not at all while the Redis
-breaker is open: it is decided on the gateway's share at once). When Redis grants nothing
+breaker refuses calls: it is decided on the gateway's share at once). When Redis grants nothing
 the bucket is empty: the gateway refuses locally until Redis says a quarter
 lease exists (no call in between), then asks again on its own. When Redis does not answer, the
 request is decided on the gateway's share and charged back later.
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ballast_asgi.ratelimit.core.accounting import RateEstimate, lease_size
-from ballast_asgi.ratelimit.core.breaker import OPEN
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.core.table import KeyTable
 from ballast_asgi.ratelimit.shared import Missed, SharedBase
@@ -108,9 +107,10 @@ class LeaseLimiter(SharedBase):
                 retry = lease.empty_until - now
                 return Decision(False, 0, retry, retry, limits)
             if lease.pending is None:
-                if self.breaker.state(now) == OPEN:
-                    # Redis is known to be down: decide alone at once, no refill to wait for
-                    # (waiting for one that fails takes event-loop turns a busy gateway lacks).
+                if self.breaker.refusing(now):
+                    # Redis is known to be down (or its one probe is out): decide alone at
+                    # once, no refill to wait for (waiting for one that fails at once still
+                    # takes event-loop turns, which a busy gateway does not have).
                     return self.degrade(key, limits, now)
                 lease.pending = asyncio.get_running_loop().create_future()
                 self.spawn(self._refill(key, lease, limits))

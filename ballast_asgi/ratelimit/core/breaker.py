@@ -42,6 +42,10 @@ class Breaker(Protocol):
         """closed, open or half_open."""
         ...
 
+    def refusing(self, now: float) -> bool:
+        """Would ``allow`` say no now? (Asks without claiming the half-open probe.)"""
+        ...
+
 
 class RedisBreaker:
     """Ratio-and-count breaker over a short sliding window, one probe in half-open."""
@@ -71,6 +75,11 @@ class RedisBreaker:
             self._state = HALF_OPEN
             self._probing = False
         return self._state
+
+    def refusing(self, now: float) -> bool:
+        """Open, or half-open with its one probe out."""
+        state = self.state(now)
+        return state == OPEN or (state == HALF_OPEN and self._probing)
 
     def allow(self, now: float) -> bool:
         """Closed: yes. Open: no. Half-open: yes for exactly one caller at a time."""
@@ -135,6 +144,10 @@ class NaiveBreaker:
     def state(self, now: float) -> str:
         """open while the pause lasts, closed otherwise (it has no half-open)."""
         return OPEN if now < self._open_until else CLOSED
+
+    def refusing(self, now: float) -> bool:
+        """While the pause runs."""
+        return now < self._open_until
 
     def allow(self, now: float) -> bool:
         """Any call is allowed unless the pause is running."""

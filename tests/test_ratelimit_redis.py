@@ -128,8 +128,8 @@ async def test_lease_calls_carry_the_heartbeat(redis: RedisProcess) -> None:
 
 
 @pytest.mark.parametrize("mode", ["redis", "lease"])
-async def test_the_own_share_follows_the_shared_bucket(redis: RedisProcess, mode: str) -> None:
-    """Once Redis said the shared bucket is empty, a decision made alone refuses too."""
+async def test_the_own_share_counts_what_redis_admitted(redis: RedisProcess, mode: str) -> None:
+    """What Redis admitted for a gateway comes out of its own share: deciding alone, it refuses."""
     clock = FakeClock()  # no refill between the calls
     extra: dict[str, Any] = {"redis_timeout_ms": 1000}
     if mode == "lease":
@@ -184,7 +184,7 @@ async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> 
             start = time.perf_counter()
             admitted += (await lim.decide("k", limits)).allowed
             worst = max(worst, time.perf_counter() - start)
-        # The share follows the shared bucket: one of its ten tokens went through Redis.
+        # The share counts what Redis admitted: one of its ten tokens went through Redis.
         assert admitted == 9 and worst < 0.1
         assert lim.stats.decisions[("allowed", "degraded")] == 9
         assert lim.breaker_state() in ("open", "half_open")

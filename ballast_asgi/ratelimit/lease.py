@@ -124,6 +124,7 @@ class LeaseLimiter(SharedBase):
 
     def _spend(self, key: str, lease: Lease, limits: Limits, now: float) -> Decision:
         lease.tokens -= 1
+        self.count_admitted(key, limits, now)
         if lease.tokens == 0:
             self._holding.pop(key, None)
         if lease.tokens * 4 < lease.size and lease.pending is None:
@@ -156,7 +157,6 @@ class LeaseLimiter(SharedBase):
             future.exception()  # retrieved: waiters that timed out never see it
             return
         self.saw_beat(live)
-        self.follow(key, limits, float(debt), self.clock())
         self._grant(key, lease, int(granted), float(debt), limits, want)
         lease.pending = None
         future.set_result(None)

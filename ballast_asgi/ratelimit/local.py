@@ -34,12 +34,13 @@ class LocalBuckets:
             self.table.put(key, new_tat, now)
         return decision
 
-    def follow(self, key: str, used: float, limits: Limits, now: float) -> None:
-        """Empty ``key``'s bucket to at least ``used`` (0..1) of its burst (never refill it)."""
+    def spend(self, key: str, limits: Limits, now: float) -> None:
+        """Take one token for a request admitted elsewhere (never refused; at most empty)."""
         tat = self.table.get(key)
-        floor = now + min(1.0, max(0.0, used)) * limits.tau_s
-        if tat is None or floor > tat:
-            self.table.put(key, floor, now)
+        base = now if tat is None or tat < now else tat
+        new_tat = min(base + limits.interval_s, now + limits.tau_s)
+        if tat is None or new_tat > tat:
+            self.table.put(key, new_tat, now)
 
 
 class LocalLimiter:

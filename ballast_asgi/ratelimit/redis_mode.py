@@ -5,10 +5,10 @@ On a miss, an error or an open breaker it is decided on this gateway's share
 (``SharedBase.degrade``) and, if admitted, charged back later. A late answer
 is reconciled: if Redis admitted it too, the shared bucket already counted it
 (the pending charge is cancelled); if Redis refused it, the charge stands; if
-Redis admitted a request this gateway refused, the token goes back. Every
-answer, on time or late, also empties this gateway's share as far as the shared
-bucket is empty (``SharedBase.follow``), so decisions made alone start from
-the shared state.
+Redis admitted a request this gateway refused, the token goes back. What Redis
+admits on time is also taken from this gateway's own share
+(``SharedBase.count_admitted``), so what it decides alone and what Redis
+admitted for it together stay within its share.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ class RedisLimiter(SharedBase):
         decided: list[Decision] = []
 
         def late(result: Any) -> None:
-            if result is not None:
-                self.follow(key, limits, float(result[1]), self.clock())
             if result is None or not int(result[0]) or not decided:
                 return
             if decided[0].allowed:
@@ -48,7 +46,8 @@ class RedisLimiter(SharedBase):
             decided.append(decision)
             return decision
         decision = from_debt(bool(int(allowed)), float(debt), limits)
-        self.follow(key, limits, float(debt), self.clock())
+        if decision.allowed:
+            self.count_admitted(key, limits, now)
         self.stats.decided(decision.allowed, "redis")
         return decision
 

@@ -189,20 +189,19 @@ class SharedBase:
         return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S)
 
     # -- degraded decisions and charge-back -----------------------------------
-    def follow(self, key: str, limits: Limits, debt_s: float, now: float) -> None:
-        """Keep this gateway's share as empty as Redis said the shared bucket is.
+    def count_admitted(self, key: str, limits: Limits, now: float) -> None:
+        """Take what Redis admitted for this gateway from its own share too.
 
-        Every answer from Redis carries the shared bucket's debt (``tat - now``).
-        The share (``rate / live``, ``burst / live``) is emptied to the same
-        fraction of its burst, so when this gateway next decides alone (a late
-        answer, an open breaker) it starts from the shared state, not from a
-        full share. Without it a gateway whose own event loop is late decides
-        most requests on a full share while Redis is at the limit: over-admission
-        of 10 % and more at 150 % of the limit in the experiment.
+        The share (``rate / live``, ``burst / live``) is what this gateway may admit
+        when it decides alone. Counting every admission through Redis against it
+        (a GCRA answer, a lease token) keeps a gateway whose event loop is late,
+        and so decides some requests alone and some through Redis, from admitting
+        its full share alone on top of what Redis admitted: over-admission of 10 %
+        and more at 150 % of the limit, measured in the experiment before this. At
+        most it empties the share, so a gateway that served more than its share
+        through Redis does not owe a debt when Redis goes away.
         """
-        if limits.tau_s > 0:
-            share = limits.scaled(1.0 / max(1, self.live))
-            self.fallback.follow(key, debt_s / limits.tau_s, share, now)
+        self.fallback.spend(key, limits.scaled(1.0 / max(1, self.live)), now)
 
     def degrade(self, key: str, limits: Limits, now: float) -> Decision:
         """Decide on this gateway's share; remember what was admitted for charge-back."""

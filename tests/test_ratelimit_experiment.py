@@ -85,3 +85,15 @@ def test_waits_over_counts_the_histogram_delta_above_the_bound() -> None:
     before = [snap(10, 1), snap(5, 0)]
     after = [snap(110, 3), snap(55, 0)]
     assert waits_over(before, after, 0.002) == (2, 152)
+
+
+def test_outage_probe_times_decisions_before_and_after_redis_dies() -> None:
+    """The in-process outage probe decides on a live Redis, kills it, and decides alone."""
+    import uvloop
+
+    from experiments.ratelimit.outage import one_mode
+
+    alive, stopped = uvloop.run(one_mode("redis", 20, 2000.0))
+    assert len(alive.waits) == len(stopped.waits) == 20
+    assert alive.degraded < 20 and stopped.degraded == 20  # every decision alone once killed
+    assert max(stopped.waits) < 1.0

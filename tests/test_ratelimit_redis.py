@@ -165,6 +165,20 @@ async def test_lease_with_the_breaker_open_decides_alone_without_waiting(
         await lim.close()
 
 
+async def test_a_gateway_counts_as_live_for_three_periods_and_at_least_three_seconds(
+    redis: RedisProcess,
+) -> None:
+    """The live set's time to live: 3 heartbeat periods, never under 3 s (loop stalls)."""
+    fast = _limiter(redis.url, "redis", uuid.uuid4().hex, heartbeat_ms=500)
+    slow = _limiter(redis.url, "redis", uuid.uuid4().hex, heartbeat_ms=2000)
+    try:
+        assert fast.live_ttl_s == 3.0 and fast.beat_args()[1] == 3.0  # type: ignore[attr-defined]
+        assert slow.live_ttl_s == 6.0  # type: ignore[attr-defined]
+    finally:
+        await fast.close()
+        await slow.close()
+
+
 async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> None:
     """With Redis gone decisions come fast from limit/live; after restart the charge lands."""
     server = start_redis()

@@ -10,7 +10,10 @@ the breaker. While the breaker is open no call is made at all.
 
 The fallback share is ``limit / live gateways`` (``Limits.scaled``), learned
 from heartbeats: each gateway adds itself to a sorted set every
-``heartbeat_s`` and counts the members seen within ``3 * heartbeat_s``. A mode
+``heartbeat_s`` and counts the members seen within ``live_ttl_s`` (three
+periods, and never less than ``MIN_LIVE_TTL_S``: a gateway whose event loop
+is a second behind must not drop out of its peers' count, which would hand
+each of them a larger share exactly when the machine is overloaded). A mode
 whose own calls carry the heartbeat (``lease``: every lease call is also a
 heartbeat) reports them with ``saw_beat``, and the periodic heartbeat is then
 skipped while those calls are frequent enough: a busy gateway makes no
@@ -37,6 +40,8 @@ from ballast_asgi.ratelimit.stats import RateLimitStats
 
 #: Background calls (heartbeat, sync, give-back, charge-back) may take this long.
 BACKGROUND_TIMEOUT_S = 0.5
+#: A gateway counts as live for three heartbeat periods, and at least this long.
+MIN_LIVE_TTL_S = 3.0
 
 
 class Missed(Exception):
@@ -255,7 +260,12 @@ class SharedBase:
 
     def beat_args(self) -> list[Any]:
         """This gateway's id and the heartbeat set's time to live, for a script that beats."""
-        return [self.id, 3 * self.heartbeat_s]
+        return [self.id, self.live_ttl_s]
+
+    @property
+    def live_ttl_s(self) -> float:
+        """A gateway counts as live this long after its last heartbeat."""
+        return max(3 * self.heartbeat_s, MIN_LIVE_TTL_S)
 
     def saw_beat(self, live: Any) -> None:
         """A heartbeat answered (on its own or carried by another call): ``live`` gateways."""

@@ -257,23 +257,3 @@ def test_ratelimit_cores_import_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
-
-
-def test_admit_ratio_follows_verdicts_and_admits_at_that_ratio() -> None:
-    """Two thirds admitted by Redis lately: two of every three decided alone are admitted."""
-    from ballast_asgi.ratelimit.core.verdicts import AdmitRatio
-
-    r = AdmitRatio(alpha=1.0 / 3)
-    for i in range(300):
-        r.record(i % 3 != 0, float(i) / 1000)
-    assert 0.5 < r.ratio < 0.8 and r.fresh(0.3) and not r.fresh(1.4)
-    steady = AdmitRatio()
-    steady.ratio = 2.0 / 3
-    taken = [steady.take() for _ in range(300)]
-    assert sum(taken) in (199, 200, 201)
-    assert not any(all(taken[i : i + 3]) for i in range(297))  # spread out, never bursty
-    first = AdmitRatio()
-    first.record(False, 0.0)  # the first verdict sets the ratio outright
-    assert first.ratio == 0.0 and not first.take()
-    with pytest.raises(ValueError, match="alpha"):
-        AdmitRatio(alpha=0.0)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from experiments.ctlsim.__main__ import main
-from experiments.ctlsim.des import Model, summarize
+from experiments.ctlsim.des import GatewayCpu, Model, summarize
 from experiments.sweep import plan
 
 
@@ -51,3 +51,27 @@ def test_cli_prints_the_three_tables(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["--only", "degrade", "--limiters", "fixed-16,gradient-v1", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
     assert "degrade" in out and "gradient-v1" in out
+
+
+def test_gateway_cpu_delays_every_round_trip_and_keeps_one_answer_each() -> None:
+    """A gateway that costs CPU adds its event-loop backlog to the RTTs the limiter sees;
+    every request still ends once and no permit is left."""
+    spec = plan.sweep(3.0, (1,), ("fixed-64",))[0]  # 250 rps, the limit never binds
+    free = Model(spec)
+    free.run()
+    cpu = GatewayCpu.parse("1000,1000,1000,100")  # 3 ms per request at 250 rps: 75 % busy
+    busy = Model(spec, cpu=cpu)
+    reqs = busy.run()
+    assert all(r.done_at is not None and r.status for r in reqs)
+    assert busy.limiter.inflight == 0 and busy.queue.total == 0
+    assert busy.loop_free > 0
+    free_rtt, busy_rtt = free.limiter.rtt_min_s, busy.limiter.rtt_min_s
+    assert free_rtt is not None and busy_rtt is not None
+    assert busy_rtt >= free_rtt + 0.0019  # even the fastest pays forward + response (2 ms)
+
+
+@pytest.mark.parametrize("text", ["1,2,3", "1,2,3,-4", "a,b,c,d"])
+def test_gateway_cpu_rejects_bad_costs(text: str) -> None:
+    """--gateway-us takes exactly four non-negative numbers."""
+    with pytest.raises(ValueError):
+        GatewayCpu.parse(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -208,22 +209,39 @@ def test_slow_start_grows_within_a_window() -> None:
     g = make()
     now = settle(g, 0.0, 0.025) + 0.05  # samples started after the probe ended
     before, windows = g.limit, g.windows
-    for i in range(5):
+    for i in range(6):
         now += 0.001
         g.on_sample(Sample(now - 0.025, 0.025, g.limit, False, g.limit), now)
-        assert g.limit == before + i + 1
+        assert g.limit == int(before + (i + 1) * g.slow_start_step)
+    assert g.limit == before + 3
     assert g.windows == windows
 
 
-def test_slow_start_doubles_per_round_trip_at_most() -> None:
-    """A request started at limit L counts as binding against L, not the limit since grown."""
+def test_slow_start_grows_one_and_a_half_times_per_round_trip_at_most() -> None:
+    """A request started at limit L counts as binding against L, not the limit since grown:
+    one round trip of L requests adds at most L * slow_start_step (0.5)."""
     g = make()
     now = settle(g, 0.0, 0.025) + 0.05
     start = g.limit
-    for _ in range(3 * start):  # requests that all started at the old limit
+    for _ in range(start):  # one round trip: the requests that started at the old limit
+        now += 0.0005
+        g.on_sample(Sample(now - 0.025, 0.025, start, False, start), now)
+    assert g.limit == int(1.5 * start)
+    for _ in range(3 * start):  # more of them never pass twice the limit they started at
         now += 0.0005
         g.on_sample(Sample(now - 0.025, 0.025, start, False, start), now)
     assert g.limit <= 2 * start + 1
+
+
+def test_slow_start_step_one_doubles_per_round_trip() -> None:
+    """slow_start_step=1 (the ADR 0008 rule) lets one round trip double the limit."""
+    g = make(slow_start_step=1.0)
+    now = settle(g, 0.0, 0.025) + 0.05
+    start = g.limit
+    for _ in range(start):
+        now += 0.0005
+        g.on_sample(Sample(now - 0.025, 0.025, g.limit, False, g.limit), now)
+    assert g.limit == 2 * start
 
 
 def test_slow_start_needs_latency_at_the_floor() -> None:
@@ -314,7 +332,8 @@ samples = st.lists(
 def test_between_windows_one_sample_adds_at_most_one_step(
     seq: list[tuple[float, float, float, float, bool]],
 ) -> None:
-    """Outside window closes and probes, a sample moves the limit up by <= slow_start_step,
+    """Outside window closes and probes, a sample moves the limit up by <= slow_start_step
+    (rounded up to a whole permit),
     and only a success that started at the limit of its time with RTT near the floor."""
     g = make()
     now = 0.0
@@ -326,8 +345,49 @@ def test_between_windows_one_sample_adds_at_most_one_step(
         g.on_sample(Sample(now - rtt, rtt, held, drop, then), now)
         if g.windows != windows or g.probes != probes or probing or g.probing:
             continue
-        assert g.limit <= before + g.slow_start_step
+        assert g.limit <= before + math.ceil(g.slow_start_step)  # whole permits
         if g.limit > before:
             assert not drop and noload is not None
             assert rtt <= g.slow_start_tolerance * noload
             assert held >= g.binding_ratio * min(then, before) and 2 * held >= before
+
+
+def run_windows(g: GradientLimit, now: float, rtt: float, n: int) -> float:
+    """``n`` windows of binding samples at ``rtt``, no probe in between."""
+    for _ in range(n):
+        now = feed_window(g, now, rtt)
+    return now
+
+
+def test_tolerated_queue_does_not_start_a_stuck_probe() -> None:
+    """RTT at 2x the floor (ratio 0.5, the 1.5x-tolerated equilibrium at 8 workers plus
+    noise) for many windows: queueing the controller chose, no probe at probe_limit."""
+    g = make()
+    now = settle(g, 0.0, 0.025)
+    probes = g.probes
+    run_windows(g, now, 0.05, 8)
+    assert g.probes == probes
+    assert not g.probing
+
+
+def test_moved_floor_still_starts_a_stuck_probe() -> None:
+    """RTT at 5x the floor (the backend got 5x slower) for a few windows starts a probe."""
+    g = make()
+    now = settle(g, 0.0, 0.025)
+    for _ in range(10):  # the first 2 * stuck_windows after a probe never start one
+        now = feed_window(g, now, 0.125)
+        if g.probing:
+            break
+    assert g.probing
+    assert g.limit == g.probe_limit
+
+
+def test_stuck_threshold_without_queue_tolerance_is_the_raw_ratio() -> None:
+    """queue_tolerance=1 gives the old rule: ratio 0.45 for a few windows starts a probe."""
+    g = make(queue_tolerance=1.0)
+    now = settle(g, 0.0, 0.025)
+    for _ in range(10):
+        now = feed_window(g, now, 0.025 / 0.45)
+        if g.probing:
+            break
+    assert g.probing

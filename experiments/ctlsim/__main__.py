@@ -3,6 +3,7 @@
     python -m experiments.ctlsim                         # every scenario, default limiters
     python -m experiments.ctlsim --only swing --limiters gradient,fixed-64
     python -m experiments.ctlsim --seeds 1,2,3           # median over seeds
+    python -m experiments.ctlsim --gateway-us 100,150,200,60   # a gateway that costs CPU
 
 Each cell is the median over ``--seeds`` (the simulator's and the schedule's
 seed). Runs the same plans as ``make experiment`` (``experiments.sweep.plan``).
@@ -17,17 +18,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from experiments.ctlsim.des import Model, summarize
+from experiments.ctlsim.des import GatewayCpu, Model, summarize
 from experiments.sweep import plan as exp_plan
 
 DEFAULT_LIMITERS = "fixed-16,fixed-64,fixed-256,gradient,gradient2,vegas"
 
 
-def cell(spec: exp_plan.RunSpec, seeds: list[int]) -> dict[str, Any]:
+def cell(spec: exp_plan.RunSpec, seeds: list[int], cpu: GatewayCpu | None = None) -> dict[str, Any]:
     """Median of the headline numbers over ``seeds``."""
     runs = []
     for seed in seeds:
-        model = Model(replace(spec, seed=seed))
+        model = Model(replace(spec, seed=seed), cpu=cpu)
         runs.append(summarize(model, model.run()))
     out: dict[str, Any] = {}
     for key in runs[0]:
@@ -50,7 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limiters", default=DEFAULT_LIMITERS)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--loads", default="1,2,4,8,12")
+    p.add_argument("--gateway-us", type=GatewayCpu.parse, default=None,
+                   help="gateway CPU microseconds per arrival,forward,response,shed "
+                        "(default: a free gateway)")  # fmt: skip
     a = p.parse_args(argv)
+    cpu = a.gateway_us
     lims = tuple(a.limiters.split(","))
     seeds = [int(s) for s in a.seeds.split(",")]
     only = a.only.split(",")
@@ -58,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads = tuple(float(x) for x in a.loads.split(","))
         print("sweep: critical p99 ms (critical served / sent)")
         for lim in lims:
-            cells = [cell(s, seeds) for s in exp_plan.sweep(10.0, loads, (lim,))]
+            cells = [cell(s, seeds, cpu) for s in exp_plan.sweep(10.0, loads, (lim,))]
             row = "  ".join(f"{c['critical_p99_ms']:6.1f} ({c['critical_served']:.0f}/"
                             f"{c['critical_sent']:.0f})" for c in cells)  # fmt: skip
             print(f"  {lim:<12} {row}")
@@ -68,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = getattr(exp_plan, name)(24.0, lims)
         print(f"{name}: critical served / sent, served total (thirds), limit range")
         for spec in specs:
-            c = cell(spec, seeds)
+            c = cell(spec, seeds, cpu)
             print(f"  {spec.limiter:<12} {c['critical_served']:5.0f}/{c['critical_sent']:.0f}"
                   f"  {c['served_total']:7.0f} {c['served_thirds']}"
                   f"  {c['limit_min']}-{c['limit_max']}")  # fmt: skip

@@ -15,10 +15,13 @@ be compared on the same schedule. What it models, as the real stack does it:
   still occupies the backend queue and a worker;
 * a success is released with the time to the response head as its RTT.
 
-What it does not model: CPU time of the gateway and the generator (event-loop
-lag), the extra ~1 ms an ``asyncio.sleep`` takes (a fixed ``hop_s`` each way
-stands in for transport). It is for iterating on controllers; the published
-tables come from the real-time ``make experiment``.
+What it does not model by default: CPU time of the gateway and the generator
+(event-loop lag). ``GatewayCpu`` (``--gateway-us``) adds a crude one: the
+gateway is one event loop that spends a fixed CPU time per arrival, per
+forwarded request, per relayed response and per shed/expired request, in FIFO
+order, so its backlog is the event-loop lag, and that lag is inside every RTT
+the limiter measures. The generator stays free. It is for iterating on
+controllers; the published tables come from the real-time ``make experiment``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,24 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 SLEEP_OVERSHOOT_S = 0.0006
 
 
+@dataclass(frozen=True)
+class GatewayCpu:
+    """CPU seconds the gateway's one event loop spends per event (all 0: free)."""
+
+    arrive_s: float = 0.0
+    forward_s: float = 0.0
+    response_s: float = 0.0
+    shed_s: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> GatewayCpu:
+        """``"80,90,100,40"``: microseconds per arrival, forward, response, shed."""
+        parts = [float(x) / 1e6 for x in text.split(",")]
+        if len(parts) != 4 or min(parts) < 0:
+            raise ValueError(f"--gateway-us wants four non-negative numbers, got {text!r}")
+        return cls(*parts)
+
+
 @dataclass(eq=False)
 class Req:
     """One request's life."""
@@ -97,9 +118,17 @@ class Clock:
 class Model:
     """Gateway (queue + limiter) in front of the simulator's backend model."""
 
-    def __init__(self, spec: RunSpec, algo_params: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        algo_params: dict[str, Any] | None = None,
+        cpu: GatewayCpu | None = None,
+    ) -> None:
         self.spec = spec
         self.clock = Clock()
+        self.cpu = cpu or GatewayCpu()
+        #: When the gateway's event loop is next free (its backlog is the loop lag).
+        self.loop_free = 0.0
         name, fixed = parse_limiter(spec.limiter)
         name, params = VARIANTS.get(name, (name, {}))
         params = {**params, **(algo_params or {})}
@@ -129,7 +158,7 @@ class Model:
         for off, tid in zip(sched.offsets_s, sched.tier_ids, strict=True):
             req = Req(off, tid, off + tiers[tid].deadline_s)
             self.reqs.append(req)
-            c.at(off, self._arrive, req)
+            c.at(off, self._on_loop, self.cpu.arrive_s, self._arrive, req)
         for at_s, update in spec.events:
             c.at(at_s, self._profile, update)
         t = 0.0
@@ -138,6 +167,20 @@ class Model:
             t += 0.1
         c.run()
         return self.reqs
+
+    def _on_loop(self, cost_s: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` once the event loop has spent ``cost_s`` on it (FIFO); at once if free."""
+        now = self.clock.now
+        if cost_s <= 0 and self.loop_free <= now:
+            fn(*args)
+            return
+        self.loop_free = max(now, self.loop_free) + cost_s
+        self.clock.at(self.loop_free, fn, *args)
+
+    def _charge(self, cost_s: float) -> None:
+        """The loop spends ``cost_s`` (a shed answer) without delaying the caller."""
+        if cost_s > 0:
+            self.loop_free = max(self.clock.now, self.loop_free) + cost_s
 
     def _hop(self) -> float:
         return HOP_S + self.hop_rng.expovariate(1.0 / HOP_JITTER_S)
@@ -157,6 +200,8 @@ class Model:
     def _finish(self, req: Req, status: str) -> None:
         if req.done_at is None:
             req.done_at, req.status = self.clock.now + HOP_S, status
+            if status != "ok":
+                self._charge(self.cpu.shed_s)
 
     def _arrive(self, req: Req) -> None:
         now = self.clock.now
@@ -192,6 +237,9 @@ class Model:
     def _forward(self, req: Req, permit: Permit) -> None:
         req.permit = permit
         self.clock.at(req.deadline, self._timeout, req)
+        self._on_loop(self.cpu.forward_s, self._send, req)
+
+    def _send(self, req: Req) -> None:
         self.clock.at(self.clock.now + self._hop(), self._backend_arrive, req)
 
     def _timeout(self, req: Req) -> None:
@@ -215,7 +263,7 @@ class Model:
         nxt = self.sim.end(service, req.deadline, now)
         if nxt is not None:
             self._begin(nxt)
-        self.clock.at(now + self._hop(), self._response, req)
+        self.clock.at(now + self._hop(), self._on_loop, self.cpu.response_s, self._response, req)
 
     def _response(self, req: Req) -> None:
         permit = req.permit

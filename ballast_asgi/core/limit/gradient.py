@@ -15,8 +15,8 @@ backwards). The full description, with the measurements behind each rule, is
   at the floor multiplies by ``growth_factor`` unless slow start already grew.
 * **Slow start**: between windows, a success that started at the limit and
   took at most ``slow_start_tolerance * rtt_noload`` adds ``slow_start_step``
-  at once (the limit at most doubles per round trip; a capacity step is found
-  in a few round trips, not windows).
+  at once (0.5: the limit grows at most x1.5 per round trip; a capacity step is
+  found in a few round trips, not windows).
 * **Fast close**: a window closes early once ``fast_close_samples`` requests
   that started in it finished and most took over ``fast_close_ratio`` x the floor.
 * **Drops** (timeout, 5xx, deadline) multiply by ``backoff_ratio`` at most once
@@ -25,9 +25,10 @@ backwards). The full description, with the measurements behind each rule, is
   the backend and is ignored.
 * **Probes** re-measure ``rtt_noload`` at ``probe_limit``: after a binding first
   window, every ``probe_interval_s`` (+/- jitter, injected ``random.Random``)
-  and when ``stuck_windows`` windows in a row stayed below ``stuck_ratio``
-  without recovering (the backend got slower); a probe that finds the floor
-  moved more than ``1 / stuck_ratio`` x restores the limit from before the streak.
+  and when ``stuck_windows`` windows in a row had ``queue_tolerance * ratio <
+  stuck_ratio`` without recovering (the backend got slower); a probe that finds
+  the floor moved more than ``1 / stuck_ratio`` x restores the limit from
+  before the streak.
 
 Parameters are keyword arguments with the defaults below (the new ones as
 module constants). References: Netflix concurrency-limits
@@ -53,9 +54,11 @@ from ballast_asgi.core.limit.base import (
 
 #: Slow start: a success that started at the limit (``binding_ratio``) and took
 #: at most this many times the no-load RTT raises the limit by ``slow_start_step``
-#: at once (0 disables slow start).
+#: at once (0 disables slow start). A step of 0.5 grows the limit at most x1.5 per
+#: round trip: a step of 1 (doubling) overshot by a round trip's worth when the
+#: round trip is long (a 5x slower backend, ``docs/controller.md``).
 DEFAULT_SLOW_START_TOLERANCE = 1.2
-DEFAULT_SLOW_START_STEP = 1.0
+DEFAULT_SLOW_START_STEP = 0.5
 #: A window that was not binding brings the limit down to at most
 #: ``peak in-flight * shrink_headroom + sqrt(peak)`` (0 disables shrinking).
 DEFAULT_SHRINK_HEADROOM = 1.25
@@ -242,7 +245,7 @@ class GradientLimit:
         return sample.started_at_limit(self._limit, self.binding_ratio) and 2 * held >= self._limit
 
     def _slow_start(self, sample: Sample) -> None:
-        """Grow at once on a success at the limit that did not queue (limit doubles per RTT)."""
+        """Grow at once on a success at the limit that did not queue (x1.5 per RTT at most)."""
         noload = self._rtt_noload_s
         if not self._probed or noload is None or self._window_dropped:
             return
@@ -302,8 +305,13 @@ class GradientLimit:
             self._start_probe(now, self._pre_stuck_limit if stuck else None)
 
     def _count_stuck(self, ratio: float) -> None:
-        """Count windows far above the floor whose ratio did not recover after a cut."""
-        if ratio >= self.stuck_ratio:
+        """Count windows far above the floor whose ratio did not recover after a cut.
+
+        "Far" is measured after the queue tolerance: at 8 saturated workers the
+        tolerated equilibrium (about 16 in flight) sits at ``ratio`` ~0.5, which
+        is the controller doing its job, not a floor that moved.
+        """
+        if ratio * self.queue_tolerance >= self.stuck_ratio:
             self._stuck = 0
         elif self._stuck and ratio <= self._last_ratio * _RECOVERING:
             self._stuck += 1

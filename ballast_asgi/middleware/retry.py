@@ -107,11 +107,20 @@ class RetryMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
-        if ctx is None or not self._replayable(scope, ctx):
+        if ctx is None:
             await self.app(scope, receive, send)
             return
+        await self.run(scope, receive, send, ctx, self.app)
+
+    async def run(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
+    ) -> None:
+        """Every attempt of the request, each one a call of ``app`` (normally ``self.app``)."""
+        if not self._replayable(scope, ctx):
+            await app(scope, receive, send)
+            return
         self._budget.record_original(self._clock())
-        await self._attempts(scope, receive, send, ctx)
+        await self._attempts(scope, receive, send, ctx, app)
 
     def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
         if self._max_attempts <= 1 or ctx.would_shed:
@@ -119,7 +128,7 @@ class RetryMiddleware:
         return not (ctx.head.has_body and ctx.body is None)
 
     async def _attempts(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
     ) -> None:
         inner = receive  # the first attempt reads the request as it comes
         idempotent = bool(scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key)
@@ -127,7 +136,7 @@ class RetryMiddleware:
             attempt = _Attempt(self, ctx, send, idempotent)
             error: Exception | None = None
             try:
-                await self.app(scope, inner, attempt.send)
+                await app(scope, inner, attempt.send)
             except Exception as exc:
                 if attempt.passed_on or not attempt.retry_after_raise():
                     raise

@@ -11,12 +11,14 @@ a ``Pipeline``, which runs the common path of all of them in sequence in one
     (queue / concurrency) -> retry -> breaker -> inner app
 
 using each stage's own decision methods (``enter``, ``check``,
-``try_enter``, ``try_acquire``, ``run``, ``finish``). Whatever else a stage
-does (a malformed head, any shed, dry-run, a request body to buffer, a wait
-in the queue) is handed to that stage's middleware, whose inner app is the
-ordinary chain from there on: those paths are the middlewares' own code,
-byte for byte. Non-HTTP scopes (lifespan, websocket) go through the chain.
-The middlewares stay usable one by one, unchanged.
+``try_enter``, ``try_acquire``, ``begin``/``attempts``, ``finish``) in one
+frame: every coroutine level a request passes through costs it again each
+time it waits. Whatever else a stage does (a malformed head, any shed,
+dry-run, a request body to buffer, a wait in the queue) is handed to that
+stage's middleware, whose inner app is the ordinary chain from there on:
+those paths are the middlewares' own code, byte for byte. Non-HTTP scopes
+(lifespan, websocket) go through the chain. The middlewares stay usable one
+by one, unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, finish
-from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.retry import RetryMiddleware
@@ -79,33 +80,27 @@ class Pipeline:
         try:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
                 await stages.body(scope, receive, send)
-            else:
-                await self._permitted(scope, receive, send, ctx)
+                return
+            concurrency = stages.concurrency
+            now = concurrency.clock()
+            permit = concurrency.limiter.try_acquire(now)
+            if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
+                if stages.queue is not None:
+                    await stages.queue.wait_then_run(scope, receive, send, ctx, now)
+                else:
+                    await concurrency.refuse(ctx, scope, receive, send)
+                return
+            ctx.permit = permit
+            retry = stages.retry
+            try:
+                if retry is not None and retry.begin(scope, ctx):
+                    await retry.attempts(scope, receive, send, ctx, stages.breaker)
+                else:
+                    await stages.breaker(scope, receive, send)
+            finally:
+                finish(permit, ctx, concurrency.clock())
         finally:
             capacity.leave()
-
-    async def _permitted(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
-    ) -> None:
-        """Run the attempts under a permit; without a free one, queue or shed (``limit``)."""
-        stages = self.stages
-        concurrency = stages.concurrency
-        now = concurrency.clock()
-        permit = concurrency.limiter.try_acquire(now)
-        if permit is None:
-            if stages.queue is not None:
-                await stages.queue.wait_then_run(scope, receive, send, ctx, now)
-            else:
-                await concurrency.refuse(ctx, scope, receive, send)
-            return
-        ctx.permit = permit
-        try:
-            if stages.retry is None:
-                await stages.breaker(scope, receive, send)
-            else:
-                await stages.retry.run(scope, receive, send, ctx, stages.breaker)
-        finally:
-            finish(permit, ctx, concurrency.clock())
 
 
 __all__ = ["Pipeline", "Stages"]

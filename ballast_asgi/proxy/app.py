@@ -178,15 +178,10 @@ class ProxyApp:
 
     # -- requests -------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._handle(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
-        else:
-            raise RuntimeError(f"ProxyApp serves http only, not {kind!r}")
-
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forward one HTTP request (the body of the call: no extra coroutine per request)."""
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
+            return
         ctx = find_context(scope)
         if not origin_form(scope):
             await self._refuse(send, ctx, 400, BAD_TARGET)
@@ -216,6 +211,11 @@ class ProxyApp:
                 headers.append((b"content-length", str(len(body)).encode("ascii")))
             stream = body
         await self._forward(scope, receive, send, ctx, headers, stream, source)
+
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            raise RuntimeError(f"ProxyApp serves http only, not {scope['type']!r}")
+        await self._lifespan(receive, send)
 
     async def _forward(
         self,

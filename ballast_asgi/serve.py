@@ -56,6 +56,10 @@ class QuietServer(uvicorn.Server):
         yield
 
 
+#: A head timer that fires this close to its due time times the head out (loop timers
+#: may fire up to their clock's resolution early).
+_TIMER_SLACK_S = 0.001
+
 #: uvicorn's own defaults, which ``adopt_uvicorn`` may replace (explicit flags are kept).
 _UVICORN_KEEP_ALIVE_S = 5
 
@@ -78,13 +82,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._began = False
+        #: Loop time the current head began (connection start or first byte); None between.
+        self._head_since: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._head_begins()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._head_since = None
         self._disarm()
         super().connection_lost(exc)
 
@@ -98,13 +105,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = self._began = True
-        if self._head_timer is None:
-            self._arm()
+        if self._head_since is None:
+            self._head_begins()
 
     def on_headers_complete(self) -> None:
         self._in_head = self._began = False
         self._head_bytes = 0
-        self._disarm()
+        self._head_since = None  # the timer, if armed, finds nothing to do and lapses
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -112,17 +119,41 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
 
-    def _arm(self) -> None:
-        self._disarm()
-        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+    def _head_begins(self) -> None:
+        """Start timing a head; arm the connection's one timer only when none is pending.
+
+        The timer is lazy: a head that completes in time does not cancel it
+        (``_head_since`` goes back to None); when it fires it re-arms for the
+        head in progress, if any, or lapses. So a keep-alive connection costs
+        one timer per ``header_timeout_s``, not a ``call_later`` + ``cancel``
+        per request (issue 18).
+        """
+        self._head_since = self.loop.time()
+        if self._head_timer is None:
+            self._arm(self._head_since + self.header_timeout_s)
+
+    def _arm(self, when: float) -> None:
+        self._head_timer = self.loop.call_at(when, self._head_check)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
-    def _head_timeout(self) -> None:
+    def _head_check(self) -> None:
+        """The timer fired: time out the head in progress, re-arm for a later one, or lapse."""
         self._head_timer = None
+        since = self._head_since
+        if since is None:
+            return
+        due = since + self.header_timeout_s
+        if self.loop.time() < due - _TIMER_SLACK_S:  # a later head than the one armed for
+            self._arm(due)
+        else:
+            self._head_timeout()
+
+    def _head_timeout(self) -> None:
+        self._head_since = None
         if self._head_bytes or self._began:
             self._refuse(408)
         elif not self.transport.is_closing():
@@ -130,6 +161,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int) -> None:
         """Answer ``status`` with an empty body and close (nothing reached the app)."""
+        self._head_since = None
         self._disarm()
         if self.transport.is_closing():
             return

@@ -34,6 +34,7 @@ from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
+from ballast_asgi.middleware.pipeline import Pipeline, Stages
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.responses import ShedResponder
@@ -140,6 +141,11 @@ def build_parts(
     )
 
 
+#: Whether ``build_stack`` returns the stages as one ``Pipeline`` (True) or as the
+#: nested middlewares (False); tests run the behaviour suites under both.
+PIPELINE = True
+
+
 def build_stack(
     inner: ASGIApp,
     parts: Parts,
@@ -147,16 +153,39 @@ def build_stack(
     *,
     retries: bool,
     route_key: RouteKey | None = None,
+    pipeline: bool | None = None,
 ) -> ASGIApp:
-    """Wrap ``inner`` in breaker, retry, concurrency, queue, capacity and admission stages."""
-    app = breaker_and_retry(inner, parts, config, retries)
-    app = ConcurrencyMiddleware(
-        app, limiter=parts.limiter, responder=parts.responder, metrics=parts.metrics,
+    """Wrap ``inner`` in breaker, retry, concurrency, queue, capacity and admission stages.
+
+    As one ``Pipeline`` object (``pipeline``, default ``PIPELINE``) or as the
+    nested middlewares; the same stages and behaviour either way.
+    """
+    stages = build_stages(inner, parts, config, retries=retries, route_key=route_key)
+    return Pipeline(stages) if (PIPELINE if pipeline is None else pipeline) else stages.admission
+
+
+def build_stages(
+    inner: ASGIApp,
+    parts: Parts,
+    config: GatewayConfig,
+    *,
+    retries: bool,
+    route_key: RouteKey | None = None,
+) -> Stages:
+    """The stages around ``inner`` as nested middlewares, each one named."""
+    breaker = BreakerMiddleware(
+        inner, breaker=parts.breakers, responder=parts.responder, metrics=parts.metrics,
         clock=parts.clock,
     )  # fmt: skip
+    retry = _retry(breaker, parts, config) if retries and config.retry.enabled else None
+    concurrency = ConcurrencyMiddleware(
+        retry or breaker, limiter=parts.limiter, responder=parts.responder,
+        metrics=parts.metrics, clock=parts.clock,
+    )  # fmt: skip
+    queue = None
     if config.admission_queue.enabled:
-        app = QueueMiddleware(
-            app,
+        queue = QueueMiddleware(
+            concurrency,
             limiter=parts.limiter,
             queue=parts.queue,
             responder=parts.responder,
@@ -167,8 +196,8 @@ def build_stack(
     if parts.capacity is None:
         parts.capacity = _make_capacity(config)
     b = config.body
-    app = BodyMiddleware(
-        app,
+    body = BodyMiddleware(
+        queue or concurrency,
         responder=parts.responder,
         metrics=parts.metrics,
         byte_budget=parts.capacity.byte_budget,
@@ -178,10 +207,13 @@ def build_stack(
         min_rate_bytes_per_s=b.min_rate_bytes_per_s,
         clock=parts.clock,
     )
-    app = CapacityMiddleware(app, capacity=parts.capacity, responder=parts.responder)
+    capacity = CapacityMiddleware(body, capacity=parts.capacity, responder=parts.responder)
+    ratelimit = None
     if config.rate_limit.enabled and parts.ratelimit is not None:
-        app = RateLimitMiddleware(app, runtime=parts.ratelimit, responder=parts.responder)
-    return _admission(app, parts, config, route_key)
+        limits = parts.ratelimit
+        ratelimit = RateLimitMiddleware(capacity, runtime=limits, responder=parts.responder)
+    admission = _admission(ratelimit or capacity, parts, config, route_key)
+    return Stages(admission, ratelimit, capacity, body, queue, concurrency, retry, breaker)
 
 
 def breaker_and_retry(app: ASGIApp, parts: Parts, config: GatewayConfig, retries: bool) -> ASGIApp:
@@ -191,6 +223,10 @@ def breaker_and_retry(app: ASGIApp, parts: Parts, config: GatewayConfig, retries
     )  # fmt: skip
     if not (retries and config.retry.enabled):
         return breaker
+    return _retry(breaker, parts, config)
+
+
+def _retry(breaker: BreakerMiddleware, parts: Parts, config: GatewayConfig) -> RetryMiddleware:
     return RetryMiddleware(
         breaker,
         budget=parts.budget,
@@ -205,7 +241,7 @@ def breaker_and_retry(app: ASGIApp, parts: Parts, config: GatewayConfig, retries
 
 def _admission(
     app: ASGIApp, parts: Parts, config: GatewayConfig, route_key: RouteKey | None
-) -> ASGIApp:
+) -> AdmissionMiddleware:
     a = config.admission
     early = EarlyDropEstimator(parts.limiter, parts.queue) if a.early_drop else None
     return AdmissionMiddleware(

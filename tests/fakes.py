@@ -18,6 +18,7 @@ import httpx
 from ballast_asgi.core.limit import FixedLimit, Sample
 from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.middleware.context import find_context
+from ballast_asgi.proxy.upstream import SingleUpstream, Upstream
 
 
 class FakeClock:
@@ -145,3 +146,16 @@ def request_messages(body: bytes = b"", chunk: int = 0) -> list[Message]:
         {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1}
         for i, p in enumerate(pieces)
     ]
+
+
+class BodyEnds(SingleUpstream):
+    """The default selector, remembering how each response body ended (``report_body``)."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self, url: str) -> None:
+        super().__init__(Upstream.parse(url))
+        self.ends: list[bool] = []
+
+    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
+        self.ends.append(complete)

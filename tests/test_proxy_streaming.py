@@ -18,7 +18,7 @@ from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.body import ClientSendTimeout, UpstreamBodyError
-from ballast_asgi.proxy.upstream import SingleUpstream, Upstream
+from tests.fakes import BodyEnds
 
 Message = dict[str, Any]
 
@@ -172,19 +172,6 @@ async def test_upstream_failure_mid_body_aborts_instead_of_finishing() -> None:
     assert ctx.outcome is AttemptOutcome.SUCCESS  # recorded at the head; the abort is raised
 
 
-class _BodyEnds(SingleUpstream):
-    """The default selector, remembering how each body ended."""
-
-    __slots__ = ("ends",)
-
-    def __init__(self, url: str) -> None:
-        super().__init__(Upstream.parse(url))
-        self.ends: list[bool] = []
-
-    def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
-        self.ends.append(complete)
-
-
 @pytest.mark.anyio
 async def test_the_selector_hears_how_each_body_ended() -> None:
     """A whole body and a body cut by the upstream are both reported after the head."""
@@ -199,7 +186,7 @@ async def test_the_selector_hears_how_each_body_ended() -> None:
     async def send(message: Message) -> None:
         return None
 
-    selector = _BodyEnds("http://u.test")
+    selector = BodyEnds("http://u.test")
     await ProxyApp(selector=selector, transport=_Transport(whole))(_scope(), _receive_once(), send)
     with pytest.raises(UpstreamBodyError):
         await ProxyApp(selector=selector, transport=_Transport(cut))(

@@ -9,9 +9,18 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from yarl import URL
 
 from ballast_asgi.config import ProxyConfig
-from ballast_asgi.proxy.transport import AiohttpTransport, client_timeout, make_transport
+from ballast_asgi.core.types import Message
+from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.transport import (
+    AiohttpTransport,
+    DirectResponse,
+    client_timeout,
+    make_transport,
+)
+from tests.fakes import BodyEnds
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\nok"
@@ -32,6 +41,24 @@ async def server(handler: Handler) -> AsyncIterator[str]:
 async def read_head(reader: asyncio.StreamReader) -> bytes:
     """The request line and headers."""
     return await reader.readuntil(b"\r\n\r\n")
+
+
+class KeepAlive:
+    """A keep-alive upstream answering ``OK`` to every request; counts its connections."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        while not reader.at_eof():
+            try:
+                await read_head(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(OK)
+            await writer.drain()
+        writer.close()
 
 
 async def send_once(url: str, timeouts: dict[str, float] | None = None) -> httpx.Response:
@@ -168,20 +195,7 @@ async def test_request_has_no_added_headers_and_keeps_repeats() -> None:
 @pytest.mark.anyio
 async def test_connection_is_reused_after_a_read_body() -> None:
     """Two sequential requests share one keep-alive connection."""
-    connections = 0
-
-    async def keepalive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        while not reader.at_eof():
-            try:
-                await read_head(reader)
-            except asyncio.IncompleteReadError:
-                break
-            writer.write(OK)
-            await writer.drain()
-        writer.close()
-
+    keepalive = KeepAlive()
     async with server(keepalive) as url:
         transport = AiohttpTransport()
         for _ in range(2):
@@ -189,7 +203,7 @@ async def test_connection_is_reused_after_a_read_body() -> None:
             await response.aread()
             await response.aclose()
         await transport.aclose()
-    assert connections == 1
+    assert keepalive.connections == 1
 
 
 def test_make_transport_chooses_by_config() -> None:
@@ -229,3 +243,80 @@ def test_without_a_deadline_each_read_is_bounded() -> None:
     """No ``total``: ``read`` bounds each socket read, as httpx's read timeout does."""
     t = client_timeout({"connect": 0.5, "read": 30.0, "write": 30.0, "pool": 30.0})
     assert (t.total, t.sock_read, t.connect, t.sock_connect) == (None, 30.0, 30.5, 0.5)
+
+
+async def _direct_get(url: str) -> tuple[AiohttpTransport, DirectResponse]:
+    transport = AiohttpTransport()
+    limits = client_timeout({"connect": 2.0, "read": 5.0, "write": 5.0, "pool": 5.0})
+    response = await transport.send_direct("GET", URL(url + "/"), [], b"", limits)
+    return transport, response
+
+
+@pytest.mark.anyio
+async def test_a_small_body_that_came_with_the_head_is_taken_at_once() -> None:
+    """``arrived`` returns the whole body sent in the head's write; the connection is reused."""
+    keepalive = KeepAlive()
+    async with server(keepalive) as url:
+        transport, response = await _direct_get(url)
+        assert response.stream.arrived(2) == b"ok"  # parsed in the same read as the head
+        assert response.stream.arrived(2) is None  # taken once
+        await response.aclose()
+        again = await transport.send_direct("GET", URL(url + "/"), [], b"", client_timeout({}))
+        assert again.stream.arrived(3) is None  # a length that is not the body's
+        assert [c async for c in again.stream] == [b"ok"]
+        await again.aclose()
+        await transport.aclose()
+    assert keepalive.connections == 1
+
+
+@pytest.mark.anyio
+async def test_a_body_still_on_its_way_is_not_taken() -> None:
+    """Until the whole body is in, ``arrived`` is None and the stream yields it as it comes."""
+    more = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        await writer.drain()
+        await more.wait()
+        writer.write(b"cd")
+        await writer.drain()
+        writer.close()
+
+    async with server(slow) as url:
+        transport, response = await _direct_get(url)
+        assert response.stream.arrived(4) is None
+        more.set()
+        assert b"".join([c async for c in response.stream]) == b"abcd"
+        await response.aclose()
+        await transport.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_proxy_sends_a_body_that_came_with_the_head_as_one_message() -> None:
+    """On the default transport a small whole body is one final message; the selector hears it."""
+
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async with server(once) as url:
+        selector = BodyEnds(url)
+        proxy = ProxyApp(selector=selector)
+        scope = {"type": "http", "method": "GET", "path": "/", "raw_path": b"/",
+                 "query_string": b"", "headers": [], "client": ("127.0.0.1", 1)}  # fmt: skip
+        await proxy(scope, receive, send)
+        await proxy.aclose()
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[1] == {"type": "http.response.body", "body": b"ok", "more_body": False}
+    assert selector.ends == [True]

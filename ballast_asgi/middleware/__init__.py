@@ -4,7 +4,9 @@ Outermost first: ``AdmissionMiddleware`` -> ``CapacityMiddleware`` ->
 ``BodyMiddleware`` -> ``QueueMiddleware`` -> ``ConcurrencyMiddleware`` ->
 ``RetryMiddleware`` -> ``BreakerMiddleware`` -> (``HandlerMiddleware`` in an
 app) -> your app or the proxy. ``ballast_asgi.stack.build_stack`` composes
-them from one ``GatewayConfig``; import from here to compose them yourself.
+them from one ``GatewayConfig`` and runs them as one ``Pipeline`` (the same
+stages, their common path in one coroutine per request); import from here to
+compose them yourself.
 Imports are lazy: importing this package loads nothing until a name is used.
 """
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
     from ballast_asgi.middleware.context import RequestContext, get_context
     from ballast_asgi.middleware.handler import HandlerMiddleware
+    from ballast_asgi.middleware.pipeline import Pipeline, Stages
     from ballast_asgi.middleware.queueing import QueueMiddleware
     from ballast_asgi.middleware.responses import ShedResponder
     from ballast_asgi.middleware.retry import RetryMiddleware
@@ -44,6 +47,8 @@ _LAZY = {
     "CapacityMiddleware": "ballast_asgi.middleware.capacity",
     "ConcurrencyMiddleware": "ballast_asgi.middleware.concurrency",
     "HandlerMiddleware": "ballast_asgi.middleware.handler",
+    "Pipeline": "ballast_asgi.middleware.pipeline",
+    "Stages": "ballast_asgi.middleware.pipeline",
     "QueueMiddleware": "ballast_asgi.middleware.queueing",
     "RetryMiddleware": "ballast_asgi.middleware.retry",
     "RequestContext": "ballast_asgi.middleware.context",
@@ -80,12 +85,14 @@ __all__ = [
     "HeadLimits",
     "Limiter",
     "Metrics",
+    "Pipeline",
     "PriorityQueue",
     "QueueMiddleware",
     "RequestContext",
     "RetryBudget",
     "RetryMiddleware",
     "ShedResponder",
+    "Stages",
     "get_context",
     "make_limit",
     "null_metrics",

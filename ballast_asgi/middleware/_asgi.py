@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ballast_asgi.core.types import Message, Receive, Send
 
@@ -96,10 +96,13 @@ class HeldResponse:
         self.status: int | None = None
         self.committed = not hold
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """``send`` for the attempt: straight through once committed (no frame of its own)."""
         if self.committed:
-            await self._send(message)
-            return
+            return self._send(message)
+        return self._hold(message)
+
+    async def _hold(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.body":
             n = len(message.get("body", b""))

@@ -43,6 +43,8 @@ from ballast_asgi.middleware.responses import ShedResponder, send_refusal
 
 #: The request's breaker key (route template or rule group), or None.
 RouteKey = Callable[[Scope], "str | None"]
+#: An admitted request: its context, the scope the inner stages get, and a shed to act on.
+Admitted = tuple[RequestContext, Scope, "Shed | None"]
 
 
 class EarlyDrop(Protocol):
@@ -88,6 +90,33 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        entered = await self.enter(scope, receive, send)
+        if entered is not None:
+            await self.app(entered[1], receive, send)
+
+    async def enter(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[RequestContext, Scope] | None:
+        """The admitted request's context and inner scope; None once it was answered here.
+
+        A malformed head is refused; a shed is acted on (dry-run: the inner app
+        runs here, through ``self.app``).
+        """
+        admitted = self.admit(scope)
+        if isinstance(admitted, HeaderError):
+            await self.refuse(send, admitted)
+            return None
+        ctx, child, shed = admitted
+        if shed is not None:
+            await self.responder.act(shed, ctx, self.app, child, receive, send)
+            return None
+        return ctx, child
+
+    def admit(self, scope: Scope) -> Admitted | HeaderError:
+        """The request's context, its scope for the inner stages and the shed decision.
+
+        Or the ``HeaderError`` to answer with ``refuse``. Counts the request.
+        """
         now = self.clock()
         try:
             check_target(scope.get("raw_path") or scope["path"])
@@ -95,9 +124,7 @@ class AdmissionMiddleware:
             priority, ignored = self._classify(scope, head.priority)
             deadline = absolute_deadline(head.deadline, now, self.default_deadline_ms)
         except HeaderError as exc:
-            self.metrics.bad_requests.labels(exc.header).inc()
-            await send_refusal(send, exc)
-            return
+            return exc
         ctx = RequestContext(
             arrival=now,
             deadline=deadline,
@@ -110,11 +137,12 @@ class AdmissionMiddleware:
         self.metrics.count_request(priority)
         child = with_context(scope, ctx)
         child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
-        shed = self._decide(ctx, now)
-        if shed is not None:
-            await self.responder.act(shed, ctx, self.app, child, receive, send)
-            return
-        await self.app(child, receive, send)
+        return ctx, child, self._decide(ctx, now)
+
+    async def refuse(self, send: Send, exc: HeaderError) -> None:
+        """The 4xx for a malformed or oversized head, counted by header."""
+        self.metrics.bad_requests.labels(exc.header).inc()
+        await send_refusal(send, exc)
 
     def _classify(self, scope: Scope, raw_priority: bytes | None) -> tuple[Priority, bool]:
         if self.classifier is None:

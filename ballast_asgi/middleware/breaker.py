@@ -27,7 +27,7 @@ admitted that way (``ctx.would_shed``) passes straight through.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 
 from ballast_asgi.core.breaker import Breaker, BreakerState, Ticket
 from ballast_asgi.core.breaker_set import BreakerSet
@@ -91,14 +91,9 @@ class BreakerMiddleware:
             self._hand_back_permit(ctx, now)
             await self._responder.act(shed, ctx, self.app, scope, receive, send)
             return
-        await self._attempt(scope, receive, send, ctx, ticket)
-
-    async def _attempt(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext | None, ticket: Ticket
-    ) -> None:
         failure_statuses = self._failure_statuses
 
-        async def settle_at_head(message: Message) -> None:
+        def settle_at_head(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start" and not ticket.settled:
                 status = int(message["status"])
                 if ctx is None:
@@ -106,7 +101,7 @@ class BreakerMiddleware:
                 else:
                     ctx.record_status(status)
                     self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR)
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, receive, settle_at_head)

@@ -26,7 +26,7 @@ from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
-from ballast_asgi.middleware.context import find_context
+from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import ShedResponder
 
 
@@ -50,10 +50,17 @@ class CapacityMiddleware:
         priority = Priority.STANDARD if ctx is None else ctx.priority
         capacity = self.capacity
         if not capacity.try_enter(priority):
-            shed = Shed(ShedReason.CAPACITY, priority)
-            await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            await self.refuse(ctx, priority, scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             capacity.leave()
+
+    async def refuse(
+        self, ctx: RequestContext | None, priority: Priority, scope: Scope, receive: Receive,
+        send: Send,
+    ) -> None:  # fmt: skip
+        """Act on the ``capacity`` shed of a request ``try_enter`` refused."""
+        shed = Shed(ShedReason.CAPACITY, priority)
+        await self.responder.act(shed, ctx, self.app, scope, receive, send)

@@ -41,6 +41,19 @@ def release(permit: Permit, ctx: RequestContext, now: float) -> None:
         permit.release(limiter_signal(outcome), now, ctx.rtt_s)
 
 
+def finish(permit: Permit, ctx: RequestContext, now: float) -> None:
+    """After the inner app: release ``permit`` once, as the concurrency and queue stages do.
+
+    With the last attempt's signal while the request still holds it; IGNORED if
+    someone took it off the context without releasing it (the queue's safety
+    net); nothing when an inner stage already handed it back.
+    """
+    if ctx.permit is permit:
+        release(permit, ctx, now)
+    elif not permit.released:
+        permit.release(Outcome.IGNORED, now)
+
+
 class ConcurrencyMiddleware:
     """Enforces the concurrency limit around the inner app."""
 
@@ -75,8 +88,7 @@ class ConcurrencyMiddleware:
         if permit is None and not ctx.would_shed:
             permit = self.limiter.try_acquire(self.clock())
             if permit is None:
-                shed = Shed(ShedReason.LIMIT, ctx.priority)
-                await self.responder.act(shed, ctx, self.app, scope, receive, send)
+                await self.refuse(ctx, scope, receive, send)
                 return
             ctx.permit = permit
         if permit is None:  # dry-run: admitted outside every limit; no permit to release
@@ -87,3 +99,8 @@ class ConcurrencyMiddleware:
         finally:
             if ctx.permit is permit:  # else an inner stage handed it back (breaker shed)
                 release(permit, ctx, self.clock())
+
+    async def refuse(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """Act on the ``limit`` shed of a request that found no free permit."""
+        shed = Shed(ShedReason.LIMIT, ctx.priority)
+        await self.responder.act(shed, ctx, self.app, scope, receive, send)

@@ -88,7 +88,7 @@ class QueueMiddleware:
             now = self.clock()
             permit = self.limiter.try_acquire(now)
             if permit is None:
-                await self._wait_then_run(scope, receive, send, ctx, now)
+                await self.wait_then_run(scope, receive, send, ctx, now)
                 return
             ctx.permit = permit
         await self._run(scope, receive, send, ctx)
@@ -101,9 +101,10 @@ class QueueMiddleware:
             if permit is not None and not permit.released:
                 permit.release(Outcome.IGNORED, self.clock())
 
-    async def _wait_then_run(
+    async def wait_then_run(
         self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
     ) -> None:
+        """No permit was free at ``now``: queue, then run the inner app or shed."""
         if ctx.deadline is not None and ctx.deadline <= now:
             shed = Shed(ShedReason.DEADLINE, ctx.priority)
             await self.responder.act(shed, ctx, self.app, scope, receive, send)

@@ -53,6 +53,15 @@ class RateLimitMiddleware:
                 receive = self._closing_on_shutdown(receive)
             await self.app(scope, receive, send)
             return
+        send, shed = await self.check(scope, send)
+        if shed is not None:
+            await self.responder.act(shed, find_context(scope), self.app, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def check(self, scope: Scope, send: Send) -> tuple[Send, Shed | None]:
+        """The request's decision: ``send`` (with the headers of an admission) and no shed,
+        or the ``rate_limited`` shed to act on."""
         rt = self.runtime
         key, limits = rt.resolver.resolve(scope)
         limiter = rt.limiter
@@ -63,11 +72,9 @@ class RateLimitMiddleware:
             if rt.config.headers == "all":
                 reset = max(0, math.ceil(decision.reset_s))
                 send = _add_headers(send, rate_limit_headers(decision, reset))
-            await self.app(scope, receive, send)
-            return
-        ctx = find_context(scope)
-        shed = rate_limit_shed(decision, self.responder.priority_of(ctx))
-        await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            return send, None
+        priority = self.responder.priority_of(find_context(scope))
+        return send, rate_limit_shed(decision, priority)
 
     def _closing_on_shutdown(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:

@@ -107,27 +107,43 @@ class RetryMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = find_context(scope)
-        if ctx is None or not self._replayable(scope, ctx):
+        if ctx is None:
             await self.app(scope, receive, send)
             return
+        await self.run(scope, receive, send, ctx, self.app)
+
+    async def run(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
+    ) -> None:
+        """Every attempt of the request, each one a call of ``app`` (normally ``self.app``)."""
+        if self.begin(scope, ctx):
+            await self.attempts(scope, receive, send, ctx, app)
+        else:
+            await app(scope, receive, send)
+
+    def begin(self, scope: Scope, ctx: RequestContext) -> bool:
+        """Whether the request may get several attempts (then counted as an original)."""
+        if not self._replayable(scope, ctx):
+            return False
         self._budget.record_original(self._clock())
-        await self._attempts(scope, receive, send, ctx)
+        return True
 
     def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
         if self._max_attempts <= 1 or ctx.would_shed:
             return False
         return not (ctx.head.has_body and ctx.body is None)
 
-    async def _attempts(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
+    async def attempts(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
     ) -> None:
+        """Run ``app`` once per attempt until one is kept (after ``begin``)."""
         inner = receive  # the first attempt reads the request as it comes
         idempotent = bool(scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key)
         while True:
             attempt = _Attempt(self, ctx, send, idempotent)
             error: Exception | None = None
             try:
-                await self.app(scope, inner, attempt.send)
+                await app(scope, inner, attempt.send)
             except Exception as exc:
                 if attempt.passed_on or not attempt.retry_after_raise():
                     raise
@@ -220,7 +236,8 @@ class _Attempt:
         """A response head reached the client: nothing may replace this attempt."""
         return self.response.status is not None and self.response.committed
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """Decide at the head; every message goes on to the (holding or committed) response."""
         if message["type"] == "http.response.start" and self.response.status is None:
             status = int(message["status"])
             self.response.status = status
@@ -229,7 +246,7 @@ class _Attempt:
             if delay_s is not None:
                 self.delay_s = delay_s
                 self.response.committed = False
-        await self.response.send(message)
+        return self.response.send(message)
 
     def retry_after_raise(self) -> bool:
         """An attempt raised: retry it if nothing was sent and its outcome allows."""

@@ -52,6 +52,7 @@ from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
 from ballast_asgi.proxy.body import (
+    UNTIMED_BYTES,
     BodyTooLarge,
     ClientGone,
     ClientSendTimeout,
@@ -74,7 +75,12 @@ from ballast_asgi.proxy.failures import (
 from ballast_asgi.proxy.headers import DEADLINE, origin_form, request_headers, response_headers
 from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
-from ballast_asgi.proxy.transport import AiohttpTransport, DirectResponse, make_transport
+from ballast_asgi.proxy.transport import (
+    AiohttpTransport,
+    DirectResponse,
+    client_timeout,
+    make_transport,
+)
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -117,6 +123,8 @@ class ProxyApp:
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
         self._default_timeout = _timeouts(config.timeout_ms / 1000.0, config)
+        #: aiohttp's form of it, built once (requests without a deadline all use it).
+        self._default_limits = client_timeout(self._default_timeout)
         self._send_timeout_s = config.send_timeout_ms / 1000.0
         drop_request_trailers()  # before uvicorn parses a request: trailers are not headers
 
@@ -170,15 +178,10 @@ class ProxyApp:
 
     # -- requests -------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._handle(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
-        else:
-            raise RuntimeError(f"ProxyApp serves http only, not {kind!r}")
-
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forward one HTTP request (the body of the call: no extra coroutine per request)."""
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
+            return
         ctx = find_context(scope)
         if not origin_form(scope):
             await self._refuse(send, ctx, 400, BAD_TARGET)
@@ -209,6 +212,11 @@ class ProxyApp:
             stream = body
         await self._forward(scope, receive, send, ctx, headers, stream, source)
 
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            raise RuntimeError(f"ProxyApp serves http only, not {scope['type']!r}")
+        await self._lifespan(receive, send)
+
     async def _forward(
         self,
         scope: Scope,
@@ -231,7 +239,8 @@ class ProxyApp:
         upstream = self.selector.choose(ctx, tried)
         host = client_host(scope) if self.config.preserve_host else None
         headers.insert(0, (b"host", host or upstream.netloc))
-        call = direct_call(self._direct, scope, upstream, headers, stream, timeout)
+        limits = self._default_limits if timeout is self._default_timeout else None
+        call = direct_call(self._direct, scope, upstream, headers, stream, timeout, limits)
         if call is None:
             request = httpx_request(scope, upstream, headers, stream, timeout, source)
             call = self._send_httpx(request)
@@ -321,6 +330,11 @@ class ProxyApp:
             return
         if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES or status < 200:
             length = 0
+        elif isinstance(response, DirectResponse) and length and length <= UNTIMED_BYTES:
+            body = response.stream.arrived(length)
+            if body is not None:  # came with the head: one message, no iteration, no watcher
+                await self._send_arrived(body, upstream, send, ctx)
+                return
 
         def watch() -> asyncio.Future[Any] | None:
             if source is not None and not source.done:
@@ -341,6 +355,17 @@ class ProxyApp:
             if self.metrics is not None:
                 self.metrics.client_send_timeouts.inc()
             raise
+
+    async def _send_arrived(
+        self, body: bytes, upstream: Upstream, send: Send, ctx: RequestContext | None
+    ) -> None:
+        """Send a small body that arrived with the head (below ``UNTIMED_BYTES``: no timer)."""
+        try:
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        except OSError:
+            _gone(ctx)
+            return
+        self.selector.report_body(upstream, True, self.clock())
 
     def _record(
         self,

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import httpx
+from aiohttp import ClientTimeout
 
 from ballast_asgi.core.types import RawHeaders, Scope
 from ballast_asgi.proxy.headers import raw_target
@@ -40,15 +41,20 @@ def direct_call(
     headers: RawHeaders,
     body: httpx.AsyncByteStream | bytes,
     timeout: Timeouts,
+    limits: ClientTimeout | None = None,
 ) -> Awaitable[Response] | None:
-    """The upstream call without httpx objects, or None when the httpx seam must carry it."""
+    """The upstream call without httpx objects, or None when the httpx seam must carry it.
+
+    ``limits``: ``timeout`` already in aiohttp's form (the proxy builds its default once).
+    """
     if direct is None or not isinstance(body, bytes):
         return None
     text = decode_headers(headers)
     if text is None:  # not UTF-8: the transport's httpx pool keeps the bytes
         return None
     url = direct_url(upstream, raw_target(scope))
-    return direct.send_direct(scope["method"], url, text, body, client_timeout(timeout))
+    limits = client_timeout(timeout) if limits is None else limits
+    return direct.send_direct(scope["method"], url, text, body, limits)
 
 
 def httpx_request(

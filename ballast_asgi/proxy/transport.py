@@ -193,6 +193,19 @@ class AiohttpResponseStream(httpx.AsyncByteStream):
             raise map_error(exc, self._request) from exc
         self._done = True
 
+    def arrived(self, length: int) -> bytes | None:
+        """The whole body if all ``length`` bytes have already arrived with the head, else None.
+
+        A small response usually comes in the same read as its head; taking it
+        at once spares the per-chunk iteration (and the connection goes back to
+        the pool on ``aclose`` as after a full read).
+        """
+        content = self._response.content
+        if self._done or not content.is_eof() or content.total_bytes != length:
+            return None
+        self._done = True  # nothing was read yet: the buffer holds exactly ``length`` bytes
+        return content.read_nowait(-1)
+
     async def aclose(self) -> None:
         """Return the connection to the pool, or close it when the body was not read."""
         if self._done:

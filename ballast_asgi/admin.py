@@ -81,6 +81,17 @@ class AdminRouter:
         #: More routes by name under the prefix (e.g. ``/canary``), from other capabilities.
         self._routes.update({f"{prefix}{name}": route for name, route in (routes or {}).items()})
 
+    def passes(self, scope: Scope) -> bool:
+        """Whether an HTTP request goes to ``app`` untouched (its path is not under the prefix).
+
+        A composition root may then call ``app`` itself (``Gateway`` does).
+        """
+        return (
+            self.app is not None
+            and self._prefix != ""
+            and not _relative(scope).startswith(self._prefix)
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = _relative(scope)

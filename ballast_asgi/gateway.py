@@ -55,7 +55,7 @@ from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
-from ballast_asgi.serve import adopt_uvicorn
+from ballast_asgi.serve import adopt_uvicorn, freeze_after_startup
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
 from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
 from ballast_asgi.workers import scale_config
@@ -144,6 +144,9 @@ class Gateway:
         if self.discovery is not None:  # lifespan starts it; 503 until a first version
             stack = self.discovery.wrap(stack)
         app = self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+        #: Requests outside the admin prefix go to ``stack`` directly (one coroutine
+        #: level less, issue 18); with the access log on, everything goes through it.
+        self._router, self._stack = app, (None if logged else stack)
         return AccessLog(app, classify=self._tier) if logged else app
 
     def _tier(self, scope: Scope) -> str | None:
@@ -189,11 +192,15 @@ class Gateway:
         kind = scope["type"]
         if kind == "http":
             scope = self._peer(scope)
+            if self._stack is not None and self._router.passes(scope):
+                await self._stack(scope, receive, send)  # the admin router's pass-through
+                return
         elif kind == "websocket":
             await self.websockets(self._peer(scope), receive, send)
             return
         elif kind == "lifespan":
             self._handle_sighup()
+            send = freeze_after_startup(send)
         await self._app(scope, receive, send)
 
     def _peer(self, scope: Scope) -> Scope:

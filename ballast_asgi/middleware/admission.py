@@ -106,16 +106,21 @@ class AdmissionMiddleware:
         if isinstance(admitted, HeaderError):
             await self.refuse(send, admitted)
             return None
+        if isinstance(admitted, Shed):  # enforcing: answered before any context is built
+            await self.responder.shed(send, admitted)
+            return None
         ctx, child, shed = admitted
         if shed is not None:
             await self.responder.act(shed, ctx, self.app, child, receive, send)
             return None
         return ctx, child
 
-    def admit(self, scope: Scope) -> Admitted | HeaderError:
+    def admit(self, scope: Scope) -> Admitted | Shed | HeaderError:
         """The request's context, its scope for the inner stages and the shed decision.
 
-        Or the ``HeaderError`` to answer with ``refuse``. Counts the request.
+        Or the ``HeaderError`` to answer with ``refuse``, or (enforcing) the
+        ``Shed`` to answer, decided before the context and the inner scope are
+        built (issue 18: a shed builds nothing it does not send). Counts the request.
         """
         now = self.clock()
         try:
@@ -125,6 +130,10 @@ class AdmissionMiddleware:
             deadline = absolute_deadline(head.deadline, now, self.default_deadline_ms)
         except HeaderError as exc:
             return exc
+        self.metrics.count_request(priority)
+        shed = self._decide(deadline, priority, now)
+        if shed is not None and not self.responder.dry_run:
+            return shed
         ctx = RequestContext(
             arrival=now,
             deadline=deadline,
@@ -134,10 +143,9 @@ class AdmissionMiddleware:
             clock=self.clock,
             failure_statuses=self.failure_statuses,
         )
-        self.metrics.count_request(priority)
         child = with_context(scope, ctx)
         child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
-        return ctx, child, self._decide(ctx, now)
+        return ctx, child, shed
 
     async def refuse(self, send: Send, exc: HeaderError) -> None:
         """The 4xx for a malformed or oversized head, counted by header."""
@@ -152,18 +160,21 @@ class AdmissionMiddleware:
             self.metrics.priority_ignored.inc()
         return priority, ignored
 
-    def _decide(self, ctx: RequestContext, now: float) -> Shed | None:
+    def _decide(self, deadline: float | None, priority: Priority, now: float) -> Shed | None:
         """``deadline`` when the budget is spent, ``early_drop`` when it cannot be met."""
-        if ctx.deadline is None:
+        if deadline is None:
             return None
-        remaining_s = ctx.deadline - now
+        remaining_s = deadline - now
         if remaining_s <= 0.0:
-            return Shed(ShedReason.DEADLINE, ctx.priority)
-        if self.early_drop is not None and self.early_drop.should_drop(
-            remaining_s, ctx.priority, now
-        ):
-            return Shed(ShedReason.EARLY_DROP, ctx.priority)
+            return _DOA[priority]
+        if self.early_drop is not None and self.early_drop.should_drop(remaining_s, priority, now):
+            return _EARLY[priority]
         return None
+
+
+#: The admission sheds, one value per tier (``Shed`` is frozen).
+_DOA = {p: Shed(ShedReason.DEADLINE, p) for p in Priority}
+_EARLY = {p: Shed(ShedReason.EARLY_DROP, p) for p in Priority}
 
 
 _TIER_VALUES = {p: (PRIORITY_HEADER, p.label.encode()) for p in Priority}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import ShedReason
@@ -26,6 +26,8 @@ from ballast_asgi.middleware.context import RequestContext
 
 _JSON = (b"content-type", b"application/json")
 _NO_STORE = (b"cache-control", b"no-store")
+#: A shed response built once: its headers and body.
+_Built = tuple[tuple[tuple[bytes, bytes], ...], bytes]
 
 
 async def send_json(
@@ -80,6 +82,7 @@ class ShedResponder:
         #: Dry-run: ``act`` admits what it would shed and counts it instead.
         #: Set by the composition root; flipped live on reload.
         self.dry_run = False
+        self._built: dict[tuple[ShedReason, Priority, int], _Built] = {}
 
     def retry_after_s(self) -> int:
         """Whole seconds >= 1: the drain estimate with jitter, capped."""
@@ -132,23 +135,59 @@ class ShedResponder:
         await self.shed(send, shed)
 
     async def shed(self, send: Send, shed: Shed) -> None:
-        """Count and send one shed response (whatever the dry-run setting)."""
+        """Count and send one shed response (whatever the dry-run setting).
+
+        The head and body of a shed without extra headers are built once per
+        (status, reason, tier, Retry-After) and reused (issue 18: a shed's own
+        work is the two messages and one counter); with extra headers (the rate
+        limit's) they are built each time, byte for byte the same way.
+        """
         reason = shed.reason
-        self.metrics.count_shed(reason, shed.priority)
+        priority = shed.priority
+        self.metrics.count_shed(reason, priority)
         seconds = (
             self.retry_after_s()
             if shed.retry_after_s is None
             else max(1, math.ceil(shed.retry_after_s))
         )
-        headers = [
-            (b"retry-after", str(seconds).encode()),
-            (b"x-ballast-reason", reason.value.encode()),
-            *shed.headers,
-        ]
-        payload: dict[str, object] = {
-            "error": "shed",
-            "reason": reason.value,
-            "priority": shed.priority.label,
-            "retry_after_s": seconds,
-        }
-        await send_json(send, self.status, payload, headers)
+        if shed.headers:
+            headers, body = _shed_response(reason, priority, seconds, shed.headers)
+        else:
+            key = (reason, priority, seconds)
+            built = self._built.get(key)
+            if built is None:
+                built = _shed_response(reason, priority, seconds, ())
+                if len(self._built) < _BUILT_MAX:
+                    self._built[key] = built
+            headers, body = built
+        await send({"type": "http.response.start", "status": self.status, "headers": list(headers)})
+        await send({"type": "http.response.body", "body": body})
+
+
+#: Shed responses kept built (reasons x tiers x Retry-After values seen; bounded).
+_BUILT_MAX = 4096
+
+
+def _shed_response(
+    reason: ShedReason,
+    priority: Priority,
+    seconds: int,
+    extra: Sequence[tuple[bytes, bytes]],
+) -> tuple[tuple[tuple[bytes, bytes], ...], bytes]:
+    """A shed response's headers and JSON body (what ``send_json`` would send)."""
+    payload: dict[str, object] = {
+        "error": "shed",
+        "reason": reason.value,
+        "priority": priority.label,
+        "retry_after_s": seconds,
+    }
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    headers = (
+        _JSON,
+        _NO_STORE,
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(seconds).encode()),
+        (b"x-ballast-reason", reason.value.encode()),
+        *extra,
+    )
+    return headers, body

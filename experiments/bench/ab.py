@@ -1,7 +1,7 @@
 """A/B of gateway versions in the closed-loop saturation case (one run, alternating).
 
     python -m experiments.bench.ab --variant base=/tmp/base-tree --variant new=. \\
-        [--variant new-alog=.:--access-log] [--seconds 4] [--reps 5]
+        [--variant new-alog=.:--access-log] [--seconds 4] [--reps 5] [--shed]
 
 Each ``--variant NAME=TREE[:UVICORN_ARGS]`` is ``uvicorn ballast_asgi.gateway:app``
 imported from the checkout ``TREE`` (``--app-dir`` and ``PYTHONPATH``), with
@@ -10,6 +10,9 @@ pass-through runs next to them. All pinned to CPU 1, nginx (1 KB) and wrk
 (one thread, 16 connections) on CPU 0, configurations rotated each
 repetition. Prints medians (ranges) of requests/s and CPU us per request and
 each variant's ratio to the bare pass-through and to the first variant.
+``--shed``: every request carries ``X-Deadline-Ms: 0`` (shed at admission) and
+is sent by the raw closed loop of ``drive.blast`` (32 connections) instead of
+wrk: CPU us per shed and sheds/s (the bare pass-through proxies them).
 Every process started is stopped by PID.
 """
 
@@ -32,7 +35,14 @@ from experiments._harness.servers import (
     start_on_free_ports,
 )
 from experiments._harness.stats import spread
+from experiments.bench.drive import blast, request_bytes
 from experiments.bench.saturation import CPU_LOAD, CPU_PROXY, one
+
+
+def shed_run(t: Target, seconds: float, rep: int) -> dict[str, Any]:
+    """One closed-loop run of dead-on-arrival requests (32 raw connections)."""
+    b = blast(t, "shed", request_bytes("/1k", {"X-Deadline-Ms": "0"}), 32, seconds, rep)
+    return {"config": t.name, "rps": b.rps, "cpu_us": b.cpu_us}
 
 
 def start_variant(procs: Procs, name: str, tree: str, extra: list[str], upstream: str) -> Target:
@@ -56,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--conns", type=int, default=16)
+    p.add_argument("--shed", action="store_true", help="dead-on-arrival requests (sheds)")
     a = p.parse_args(argv)
     pin_self(CPU_LOAD)
     wrk = ensure_package("wrk", "wrk")
@@ -67,12 +78,15 @@ def main(argv: list[str] | None = None) -> int:
             tree, _, args = rest.partition(":")
             targets.append(start_variant(procs, name, tree, args.split(), backend.base))
         for t in targets:
-            one(t, wrk, a.conns, 1.0, -1)  # warm-up
+            shed_run(t, 1.0, -1) if a.shed else one(t, wrk, a.conns, 1.0, -1)  # warm-up
         runs: list[dict[str, Any]] = []
         for rep in range(a.reps):
             k = rep % len(targets)
             for t in targets[k:] + targets[:k]:
-                runs.append(one(t, wrk, a.conns, a.seconds, rep))
+                run = (
+                    shed_run(t, a.seconds, rep) if a.shed else one(t, wrk, a.conns, a.seconds, rep)
+                )
+                runs.append(run)
                 r = runs[-1]
                 print(f"  {r['config']:14s} rep {rep}: {r['rps']:8.0f} rps, "
                       f"{r['cpu_us']:6.1f} us/req", flush=True)  # fmt: skip

@@ -82,7 +82,7 @@ async def test_trusted_proxy_sets_client_ip_and_scheme_not_client() -> None:
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    gw._app = spy
+    gw._app = gw._stack = spy  # the admin router and its pass-through
     headers = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
     async with _client(gw) as c:
         await c.get("/x", headers=headers)

@@ -28,6 +28,7 @@ from ballast_asgi.core.limiter import Limiter
 from ballast_asgi.core.queue import PriorityQueue
 from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.types import ASGIApp, Clock
+from ballast_asgi.loop_lag import LoopLagMonitor
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.admission import AdmissionMiddleware, RouteKey
 from ballast_asgi.middleware.body import BodyMiddleware
@@ -93,6 +94,7 @@ def make_algorithm(config: GatewayConfig, rng: random.Random) -> LimitAlgorithm:
     if lc.algorithm == "fixed":
         return make_limit("fixed", limit=config.fixed_limit)
     max_limit = config.max_limit
+    rules = lc.gradient.model_dump() if lc.algorithm == "gradient" else {}
     return make_limit(
         lc.algorithm,
         initial_limit=min(lc.initial_limit, max_limit),
@@ -100,6 +102,7 @@ def make_algorithm(config: GatewayConfig, rng: random.Random) -> LimitAlgorithm:
         max_limit=max_limit,
         window_ms=lc.window_ms,
         rng=rng,
+        **rules,
     )
 
 
@@ -116,7 +119,8 @@ def build_parts(
         metrics, status=config.shed.status, jitter=config.shed.retry_after_jitter, rng=rng
     )
     cap = config.max_concurrent_requests
-    limiter = Limiter(make_algorithm(config, rng), max_limit=cap)
+    lag = LoopLagMonitor() if config.limiter.subtract_loop_lag else None  # ADR 0010
+    limiter = Limiter(make_algorithm(config, rng), max_limit=cap, loop_lag=lag)
     q = config.admission_queue
     queue = PriorityQueue(
         max_size=q.max_queue_size,
@@ -265,6 +269,8 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         parts.limiter.set_algorithm(
             make_algorithm(new, parts.rng), max_limit=new.max_concurrent_requests, now=now
         )
+    if new.limiter.subtract_loop_lag != (parts.limiter.loop_lag is not None):
+        parts.limiter.loop_lag = LoopLagMonitor() if new.limiter.subtract_loop_lag else None
     q = new.admission_queue
     parts.queue.reconfigure(
         max_size=q.max_queue_size,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import random
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from ballast_asgi.config import (
     AdmissionQueueConfig,
     BreakerConfig,
     GatewayConfig,
+    GradientConfig,
     LimiterConfig,
     RetryConfig,
     build_config,
@@ -24,6 +26,7 @@ from ballast_asgi.config import (
 )
 from ballast_asgi.config.load import reference_layout
 from ballast_asgi.core.breaker import Breaker
+from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.limit import AIMDLimit, Gradient2Limit, GradientLimit, VegasLimit
 from ballast_asgi.core.limit.base import check_bounds
 from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES
@@ -54,6 +57,7 @@ PAIRS = [
         for algorithm in (GradientLimit, Gradient2Limit, AIMDLimit, VegasLimit)
         for bound in ("initial_limit", "min_limit", "max_limit")
     ],
+    *[(GradientConfig, name, GradientLimit, name) for name in GradientConfig.model_fields],
     *[
         (BreakerConfig, name, Breaker, name)
         for name in inspect.signature(Breaker.__init__).parameters
@@ -144,3 +148,30 @@ def test_the_rule_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="ballast.config"):
         build_config({"max_concurrent_requests": 5}, source="gw.yaml", require_upstream=False)
     assert "gw.yaml: max_concurrent_requests without limiter.algorithm" in caplog.text
+
+
+def test_gradient_rules_reach_the_controller() -> None:
+    """limiter.gradient.* keys become the gradient controller's parameters."""
+    from ballast_asgi.stack import make_algorithm
+
+    rules = {"queue_tolerance": 2.0, "slow_start_step": 0.25}
+    cfg = build_config({"limiter": {"gradient": rules}}, require_upstream=False)
+    algo = make_algorithm(cfg, random.Random(1))
+    assert isinstance(algo, GradientLimit)
+    assert (algo.queue_tolerance, algo.slow_start_step) == (2.0, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("rules", "field"),
+    [
+        ({"queue_tolerance": 0.5}, "queue_tolerance"),
+        ({"backoff_ratio": 1.0}, "backoff_ratio"),
+        ({"shrink_headroom": 0.5}, "limiter.gradient: shrink_headroom"),
+        ({"probe_interval_s": 0}, "probe_interval_s"),
+        ({"nonsense": 1}, "nonsense"),
+    ],
+)
+def test_bad_gradient_rules_name_the_key(rules: dict[str, Any], field: str) -> None:
+    """A bad or unknown limiter.gradient key is a validation error naming it."""
+    with pytest.raises(ConfigError, match=field):
+        build_config({"limiter": {"gradient": rules}}, require_upstream=False)

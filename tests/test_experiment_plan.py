@@ -21,3 +21,21 @@ def test_subset_options_parse() -> None:
     args = _parser().parse_args(["--limiters", "gradient,fixed-64", "--loads", "1,12"])
     assert args.limiters == "gradient,fixed-64"
     assert args.loads == "1,12"
+
+
+def test_with_limiters_adds_a_variant_wherever_the_gradient_runs() -> None:
+    """A limiter the plan lacks (gradient-blind) runs in the gradient's cells, next to it."""
+    specs = plan.with_limiters(plan.full_plan(), ("fixed-64", "gradient", "gradient-blind"))
+    swing = [s.limiter for s in specs if s.scenario == "swing"]
+    assert swing == ["fixed-64", "gradient", "gradient-blind"]
+    sweep8 = [s.limiter for s in specs if s.scenario == "sweep" and s.load_x == 8]
+    assert sweep8 == ["fixed-64", "gradient", "gradient-blind"]
+
+
+def test_blind_limiter_turns_the_loop_lag_correction_off() -> None:
+    """gradient-blind is the gradient with limiter.subtract_loop_lag false."""
+    from experiments.sweep.one import gateway_yaml
+
+    text = gateway_yaml(plan.swing(24.0, ("gradient-blind",))[0])
+    assert "algorithm: gradient\n" in text
+    assert "subtract_loop_lag: false" in text

@@ -33,17 +33,19 @@ steps = st.lists(
         st.floats(0.0, 3.0),  # rtt (s)
         st.floats(0.0, 3.0),  # inflight as a fraction of the current limit
         st.booleans(),  # dropped
+        st.floats(0.0, 1.5),  # the gateway's loop lag, as a multiple of the rtt (ADR 0010)
     ),
     max_size=300,
 )
+Step = tuple[float, float, float, bool, float]
 
 
 def _feed(
-    algo: LimitAlgorithm, now: float, dt: float, rtt: float, frac: float, drop: bool
+    algo: LimitAlgorithm, now: float, dt: float, rtt: float, frac: float, drop: bool, lag: float
 ) -> float:
     now += dt
     inflight = int(frac * algo.limit)
-    algo.on_sample(Sample(now - rtt, rtt, inflight, drop), now)
+    algo.on_sample(Sample(now - rtt, rtt, inflight, drop, lag_s=lag * rtt), now)
     return now
 
 
@@ -54,37 +56,37 @@ def _bounds(algo: LimitAlgorithm, name: str) -> tuple[int, int]:
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=60, deadline=None)
 @given(seq=steps)
-def test_limit_stays_within_bounds(name: str, seq: list[tuple[float, float, float, bool]]) -> None:
+def test_limit_stays_within_bounds(name: str, seq: list[Step]) -> None:
     """Any sample sequence keeps the limit within [min_limit, max_limit]."""
     algo = FACTORIES[name]()
     low, high = _bounds(algo, name)
     now = 0.0
-    for dt, rtt, frac, drop in seq:
-        now = _feed(algo, now, dt, rtt, frac, drop)
+    for dt, rtt, frac, drop, lag in seq:
+        now = _feed(algo, now, dt, rtt, frac, drop, lag)
         assert low <= algo.limit <= high
 
 
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=60, deadline=None)
 @given(seq=steps)
-def test_no_growth_on_drops(name: str, seq: list[tuple[float, float, float, bool]]) -> None:
+def test_no_growth_on_drops(name: str, seq: list[Step]) -> None:
     """A run of dropped samples never raises the limit above where it started."""
     algo = FACTORIES[name]()
     now = 0.0
-    for dt, rtt, frac, _ in seq:
-        now = _feed(algo, now, dt, rtt, frac, True)
+    for dt, rtt, frac, _, lag in seq:
+        now = _feed(algo, now, dt, rtt, frac, True, lag)
         assert algo.limit <= INITIAL
 
 
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=60, deadline=None)
 @given(seq=steps)
-def test_no_growth_when_not_binding(name: str, seq: list[tuple[float, float, float, bool]]) -> None:
+def test_no_growth_when_not_binding(name: str, seq: list[Step]) -> None:
     """Successes with in-flight below half the limit never raise the limit."""
     algo = FACTORIES[name]()
     now = 0.0
-    for dt, rtt, frac, _ in seq:
-        now = _feed(algo, now, dt, rtt, min(frac, 0.49), False)
+    for dt, rtt, frac, _, lag in seq:
+        now = _feed(algo, now, dt, rtt, min(frac, 0.49), False, lag)
         assert algo.limit <= INITIAL
 
 

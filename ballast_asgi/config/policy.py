@@ -16,6 +16,7 @@ from ballast_asgi.core import breaker as brk
 from ballast_asgi.core import queue as q
 from ballast_asgi.core import retry_budget as rb
 from ballast_asgi.core.limit import base as lim
+from ballast_asgi.core.limit import gradient as grd
 from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES
 
 LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
@@ -37,6 +38,35 @@ class AdmissionQueueConfig(Frozen):
     lifo_threshold: int = Field(q.DEFAULT_LIFO_THRESHOLD, ge=0, le=10_000)
 
 
+class GradientConfig(Frozen):
+    """The gradient controller's rules (``limiter.gradient.*``, ADRs 0008-0009).
+
+    Names and defaults are the core's (``core/limit/gradient.py``); the core's
+    own checks run on the whole section (their messages name the key, located
+    at ``limiter.gradient``). Used only when ``limiter.algorithm`` is ``gradient``.
+    """
+
+    queue_tolerance: float = Field(grd.DEFAULT_QUEUE_TOLERANCE, ge=1.0, le=10.0)
+    slow_start_tolerance: float = Field(grd.DEFAULT_SLOW_START_TOLERANCE, ge=0.0, le=10.0)
+    slow_start_step: float = Field(grd.DEFAULT_SLOW_START_STEP, ge=0.0, le=4.0)
+    shrink_headroom: float = Field(grd.DEFAULT_SHRINK_HEADROOM, ge=0.0, le=10.0)
+    rtt_percentile: float = Field(grd.DEFAULT_RTT_PERCENTILE, ge=0.0, le=1.0)
+    tolerance: float = Field(grd.DEFAULT_TOLERANCE, ge=1.0, le=10.0)
+    growth_factor: float = Field(grd.DEFAULT_GROWTH_FACTOR, ge=1.0, le=10.0)
+    backoff_ratio: float = Field(grd.DEFAULT_BACKOFF_RATIO, gt=0.0, lt=1.0)
+    min_gradient: float = Field(grd.DEFAULT_MIN_GRADIENT, gt=0.0, le=1.0)
+    stuck_ratio: float = Field(grd.DEFAULT_STUCK_RATIO, gt=0.0, le=1.0)
+    probe_interval_s: float = Field(grd.DEFAULT_PROBE_INTERVAL_S, ge=1.0, le=3600.0)
+
+    @model_validator(mode="after")
+    def _core_checks(self) -> GradientConfig:
+        try:
+            grd.GradientLimit(**self.model_dump())
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None  # located as "limiter.gradient: ..."
+        return self
+
+
 class LimiterConfig(Frozen):
     """The concurrency limit algorithm and its bounds.
 
@@ -54,6 +84,10 @@ class LimiterConfig(Frozen):
     max_limit: int = Field(lim.DEFAULT_MAX_LIMIT, ge=1, le=100_000)
     #: Sampling window of the adaptive algorithms.
     window_ms: int = Field(lim.DEFAULT_WINDOW_MS, ge=10, le=60_000)
+    #: Take the gateway's own event-loop lag out of every RTT sample (ADR 0010).
+    subtract_loop_lag: bool = True
+    #: The gradient controller's rules (only with ``algorithm: gradient``).
+    gradient: GradientConfig = GradientConfig()
 
     @model_validator(mode="after")
     def _bounds(self) -> LimiterConfig:

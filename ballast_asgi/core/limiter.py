@@ -19,7 +19,12 @@ from inside that callback does not re-enter it.
 The limiter also keeps what the other stages need to estimate waits: recent
 completions per second (``throughput_rps``), an exponentially weighted recent
 RTT and a windowed minimum RTT (``rtt_min_s``, the "minimum service time" of
-early drop). ``live_limiters()`` lists limiters alive in the process so a test
+early drop). With a ``loop_lag`` source (a callable returning seconds, the
+gateway's own event-loop lag, ``ballast_asgi.core.loop_lag``) every sample
+carries the lag measured when it was taken, so delay-based algorithms can
+tell the gateway's own lateness from backend queueing (ADR 0010); the
+limiter's own ``rtt_recent_s``/``rtt_min_s`` stay the raw round trip.
+``live_limiters()`` lists limiters alive in the process so a test
 fixture can assert that none is left with permits in flight.
 """
 
@@ -133,6 +138,7 @@ class Limiter:
         throughput_window_s: float = 2.0,
         rtt_min_window_s: float = 10.0,
         rtt_ewma_alpha: float = 0.1,
+        loop_lag: Callable[[], float] | None = None,
     ) -> None:
         if max_limit is not None and max_limit < 1:
             raise ValueError(f"max_limit must be >= 1, got {max_limit}")
@@ -153,6 +159,8 @@ class Limiter:
         self._rtt_min = _WindowedMin(rtt_min_window_s)
         self._alpha = rtt_ewma_alpha
         self._rtt_recent_s: float | None = None
+        #: Seconds of the gateway's own event-loop lag right now (None: not measured).
+        self.loop_lag = loop_lag
         _LIVE.add(self)
 
     # -- state ----------------------------------------------------------------
@@ -228,8 +236,9 @@ class Limiter:
             self._rtt_min.add(rtt_s, now)
             prev = self._rtt_recent_s
             self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
+        lag = self.loop_lag() if self.loop_lag is not None else 0.0
         sample = Sample(
-            permit.start, rtt_s, permit.inflight_at_start, dropped, permit.limit_at_start
+            permit.start, rtt_s, permit.inflight_at_start, dropped, permit.limit_at_start, lag
         )
         self.algorithm.on_sample(sample, now)
 
@@ -256,6 +265,7 @@ class Limiter:
             "acquired": self.acquired,
             "rejected": self.rejected,
             "double_releases": self.double_releases,
+            "loop_lag_s": self.loop_lag() if self.loop_lag is not None else None,
             "algorithm_state": self.algorithm.snapshot(),
         }
         if now is not None:

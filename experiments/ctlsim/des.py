@@ -20,7 +20,10 @@ What it does not model by default: CPU time of the gateway and the generator
 gateway is one event loop that spends a fixed CPU time per arrival, per
 forwarded request, per relayed response and per shed/expired request, in FIFO
 order, so its backlog is the event-loop lag, and that lag is inside every RTT
-the limiter measures. The generator stays free. It is for iterating on
+the limiter measures. The generator stays free. As in the gateway, a tick
+every 5 ms on that loop measures its lag (``core.loop_lag``) and the limiter
+hands it to the algorithm with each sample (ADR 0010); a limiter name ending
+in ``-blind`` (``gradient-blind``) runs without it, as before ADR 0010. It is for iterating on
 controllers; the published tables come from the real-time ``make experiment``.
 """
 
@@ -41,6 +44,7 @@ from ballast_asgi.core.limit.base import (
     DEFAULT_WINDOW_MS,
 )
 from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.loop_lag import LoopLag
 from ballast_asgi.core.outcome import Outcome
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
@@ -130,6 +134,8 @@ class Model:
         #: When the gateway's event loop is next free (its backlog is the loop lag).
         self.loop_free = 0.0
         name, fixed = parse_limiter(spec.limiter)
+        blind = name.endswith("-blind")
+        name = name.removesuffix("-blind")
         name, params = VARIANTS.get(name, (name, {}))
         params = {**params, **(algo_params or {})}
         if fixed is not None:
@@ -139,7 +145,9 @@ class Model:
                               min_limit=DEFAULT_MIN_LIMIT, max_limit=DEFAULT_MAX_LIMIT,
                               window_ms=DEFAULT_WINDOW_MS, rng=random.Random(spec.seed),
                               **params)  # fmt: skip
-        self.limiter = Limiter(algo, max_limit=DEFAULT_MAX_LIMIT)
+        self.lag = LoopLag()
+        lag_source = None if blind else (lambda: self.lag.estimate(self.clock.now))
+        self.limiter = Limiter(algo, max_limit=DEFAULT_MAX_LIMIT, loop_lag=lag_source)
         self.queue = PriorityQueue()  # the gateway's defaults
         self.limiter.set_on_release(self._dispatch)
         profile = Profile(spec.workers, FAST_MS * spec.k / 1e3, SLOW_MS * spec.k / 1e3)
@@ -165,6 +173,8 @@ class Model:
         while t < spec.duration_s:
             c.at(t, self._sample_limit)
             t += 0.1
+        self.ticks_until = spec.duration_s + max(DEADLINES_S) * spec.k
+        c.at(0.0, self._tick)
         c.run()
         return self.reqs
 
@@ -176,6 +186,13 @@ class Model:
             return
         self.loop_free = max(now, self.loop_free) + cost_s
         self.clock.at(self.loop_free, fn, *args)
+
+    def _tick(self) -> None:
+        """The gateway's lag tick: due ``period_s`` after the last one ran, run in loop order."""
+        now = self.clock.now
+        self.lag.tick(now)
+        if now < self.ticks_until:
+            self.clock.at(now + self.lag.period_s, self._on_loop, 0.0, self._tick)
 
     def _charge(self, cost_s: float) -> None:
         """The loop spends ``cost_s`` (a shed answer) without delaying the caller."""

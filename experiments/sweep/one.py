@@ -36,7 +36,10 @@ Progress = Callable[[float], None]
 def gateway_yaml(spec: RunSpec) -> str:
     """The gateway config of ``spec``: everything default except the limiter and early drop."""
     algorithm, fixed = parse_limiter(spec.limiter)
-    lines = ["limiter:", f"  algorithm: {algorithm}"]
+    blind = algorithm.endswith("-blind")  # e.g. gradient-blind: the loop lag left in (ADR 0010)
+    lines = ["limiter:", f"  algorithm: {algorithm.removesuffix('-blind')}"]
+    if blind:
+        lines.append("  subtract_loop_lag: false")
     if fixed is not None:
         lines.append(f"  fixed_limit: {fixed}")
     lines += ["admission:", f"  early_drop: {str(spec.early_drop).lower()}"]
@@ -46,7 +49,10 @@ def gateway_yaml(spec: RunSpec) -> str:
 async def sample_snapshots(
     http: aiohttp.ClientSession, url: str, t0: float, out: list[list[float]]
 ) -> None:
-    """Append ``[t_s, limit, inflight, queue_total, answer_ms, probing]`` every period."""
+    """Append ``[t_s, limit, inflight, queue_total, answer_ms, probing, loop_lag_ms]`` per period.
+
+    ``loop_lag_ms`` is the gateway's own loop-lag estimate (ADR 0010; -1 when off).
+    """
     while True:
         sent = time.monotonic()
         snap = await get_json(http, url)
@@ -55,8 +61,10 @@ async def sample_snapshots(
             lim = snap.get("limiter", {})
             queue = snap.get("queue", {}).get("total", 0)
             probing = int(lim.get("algorithm_state", {}).get("state") == "probing")
+            lag = lim.get("loop_lag_s")
+            lag_ms = -1.0 if lag is None else round(lag * 1e3, 2)
             out.append([round(sent - t0, 3), lim.get("limit", 0), lim.get("inflight", 0),
-                        queue, round(answer_ms, 2), probing])  # fmt: skip
+                        queue, round(answer_ms, 2), probing, lag_ms])  # fmt: skip
         await asyncio.sleep(max(0.0, SAMPLE_PERIOD_S - (time.monotonic() - sent)))
 
 

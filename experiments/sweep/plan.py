@@ -144,6 +144,23 @@ def calibration_plan(duration_s: float = 6.0) -> list[RunSpec]:
     ]
 
 
+def with_limiters(plan: list[RunSpec], limiters: tuple[str, ...]) -> list[RunSpec]:
+    """The runs of ``plan`` with these limiters; a limiter the plan lacks gets the gradient's cells.
+
+    E.g. ``gradient-blind`` (the gradient without the loop-lag correction, ADR
+    0010) or ``fixed-32`` run wherever the plan runs ``gradient``.
+    """
+    known = {s.limiter for s in plan}
+    extra = [lim for lim in limiters if lim not in known]
+    out = []
+    for spec in plan:
+        if spec.limiter in limiters:
+            out.append(spec)
+        if spec.limiter == "gradient":
+            out += [replace(spec, limiter=lim) for lim in extra]
+    return out
+
+
 def parse_limiter(limiter: str) -> tuple[str, int | None]:
     """``"fixed-64"`` -> ``("fixed", 64)``; ``"gradient"`` -> ``("gradient", None)``."""
     if limiter.startswith("fixed-"):

@@ -4,6 +4,7 @@
     python -m experiments.sweep --reps 1        # one run per cell (~8 min)
     python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only
     python -m experiments.sweep --only swing --limiters gradient,fixed-64 --reps 1   # a subset
+    python -m experiments.sweep --only swing --limiters gradient,gradient-blind,fixed-64 --reps 1
     python -m experiments.sweep --dilate 1.5    # time dilation k (default 1: real time)
     python -m experiments.sweep --dilate auto   # the smallest k at which our processes keep up
     python -m experiments.sweep --report-only runs/exp-...   # redraw docs/ from saved raw data
@@ -147,7 +148,7 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     if args.only:
         plan = [s for s in plan if s.scenario in args.only.split(",")]
     if args.limiters:
-        plan = [s for s in plan if s.limiter in args.limiters.split(",")]
+        plan = exp_plan.with_limiters(plan, tuple(args.limiters.split(",")))
     if args.loads:
         plan = [s for s in plan if f"{s.load_x:g}" in args.loads.split(",")]
     meta["reps"] = args.reps

@@ -15,7 +15,11 @@ A ``Sample`` describes one request that held a permit:
   congestion signal rather than an RTT measurement;
 * ``limit_at_start``: the limit in force when the permit was acquired (0 when
   unknown): "was it binding?" must compare with the limit of that moment, not
-  with one that has grown since (slow start doubles the limit per RTT).
+  with one that has grown since (slow start doubles the limit per RTT);
+* ``lag_s``: the gateway's own event-loop lag estimated when the sample was
+  taken (``ballast_asgi.core.loop_lag``, 0 when not measured): part of
+  ``rtt_s`` that the response spent waiting for the gateway, not the backend.
+  Delay-based algorithms use ``backend_rtt_s`` (ADR 0010).
 
 Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
 requests that were refused never become samples.
@@ -55,6 +59,13 @@ class Sample:
     inflight_at_start: int
     dropped: bool = False
     limit_at_start: int = 0
+    lag_s: float = 0.0
+
+    @property
+    def backend_rtt_s(self) -> float:
+        """``rtt_s`` without the gateway's loop lag (floored at ``MIN_RTT_S``)."""
+        rtt = self.rtt_s - self.lag_s
+        return rtt if rtt > MIN_RTT_S else MIN_RTT_S
 
     def started_at_limit(self, limit: float, ratio: float) -> bool:
         """True when in-flight was at ``ratio`` of the limit in force at the start.

@@ -46,7 +46,6 @@ from ballast_asgi.core.limit.base import (
     DEFAULT_MAX_LIMIT,
     DEFAULT_MIN_LIMIT,
     DEFAULT_WINDOW_MS,
-    MIN_RTT_S,
     Sample,
     check_bounds,
     clamp,
@@ -65,6 +64,17 @@ DEFAULT_SHRINK_HEADROOM = 1.25
 #: The window's gradient is ``clamp(queue_tolerance * rtt_noload / rtt_recent)``:
 #: latency up to this factor above the floor is not cut for (1.0: the old rule).
 DEFAULT_QUEUE_TOLERANCE = 1.5
+#: The rest of the rules' constants (``docs/controller.md``; config keys
+#: ``limiter.gradient.*``): the window's RTT percentile, the growth test and
+#: factor, the cut on a drop, the largest cut per window, the stuck-probe ratio
+#: and the probe period.
+DEFAULT_RTT_PERCENTILE = 0.5
+DEFAULT_TOLERANCE = 1.1
+DEFAULT_GROWTH_FACTOR = 1.5
+DEFAULT_BACKOFF_RATIO = 0.9
+DEFAULT_MIN_GRADIENT = 0.25
+DEFAULT_STUCK_RATIO = 0.5
+DEFAULT_PROBE_INTERVAL_S = 30.0
 
 _MAX_WINDOW_SAMPLES = 10_000
 #: A stuck streak continues only while the ratio improves by less than this factor.
@@ -92,19 +102,19 @@ class GradientLimit:
         max_limit: int = DEFAULT_MAX_LIMIT,
         window_ms: float = DEFAULT_WINDOW_MS,
         min_window_samples: int = 5,
-        rtt_percentile: float = 0.5,
-        tolerance: float = 1.1,
-        growth_factor: float = 1.5,
+        rtt_percentile: float = DEFAULT_RTT_PERCENTILE,
+        tolerance: float = DEFAULT_TOLERANCE,
+        growth_factor: float = DEFAULT_GROWTH_FACTOR,
         binding_ratio: float = 0.9,
-        backoff_ratio: float = 0.9,
-        min_gradient: float = 0.25,
-        stuck_ratio: float = 0.5,
+        backoff_ratio: float = DEFAULT_BACKOFF_RATIO,
+        min_gradient: float = DEFAULT_MIN_GRADIENT,
+        stuck_ratio: float = DEFAULT_STUCK_RATIO,
         fast_close_ratio: float = 2.0,
         fast_close_samples: int = 20,
         probe_limit: int | None = None,
         probe_samples: int = 10,
         probe_max_windows: int = 4,
-        probe_interval_s: float = 30.0,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
         probe_jitter: float = 0.1,
         stuck_windows: int = 2,
         slow_start_tolerance: float = DEFAULT_SLOW_START_TOLERANCE,
@@ -121,8 +131,7 @@ class GradientLimit:
         self.rtt_percentile, self.tolerance = rtt_percentile, tolerance
         self.growth_factor, self.binding_ratio = growth_factor, binding_ratio
         self.backoff_ratio, self.min_gradient = backoff_ratio, min_gradient
-        if not 0.0 < stuck_ratio <= 1.0 or fast_close_ratio <= 1.0:
-            raise ValueError("stuck_ratio must be in (0, 1] and fast_close_ratio > 1")
+        _check_more(min_gradient, stuck_ratio, fast_close_ratio, probe_interval_s)
         self.stuck_ratio = stuck_ratio
         self.fast_close_ratio, self.fast_close_samples = fast_close_ratio, fast_close_samples
         self.probe_limit = int(clamp(probe_limit or min_limit, min_limit, max_limit))
@@ -228,11 +237,11 @@ class GradientLimit:
         if sample.start < self._probe_ended_at:
             return  # started under the probe's limit: says nothing about the restored one
         if len(self._window_rtts) < _MAX_WINDOW_SAMPLES:
-            self._window_rtts.append(max(sample.rtt_s, MIN_RTT_S))
+            self._window_rtts.append(sample.backend_rtt_s)
         start, noload = self._window_start, self._rtt_noload_s
         if self._probed and start is not None and noload is not None and sample.start >= start:
             self._fresh += 1
-            if sample.rtt_s > self.fast_close_ratio * noload:
+            if sample.backend_rtt_s > self.fast_close_ratio * noload:
                 self._fresh_slow += 1
         self._window_peak = max(self._window_peak, sample.inflight_at_start)
         if self._at_limit(sample):
@@ -249,13 +258,13 @@ class GradientLimit:
         noload = self._rtt_noload_s
         if not self._probed or noload is None or self._window_dropped:
             return
-        if sample.rtt_s <= self.slow_start_tolerance * noload:
+        if sample.backend_rtt_s <= self.slow_start_tolerance * noload:
             self._limit = min(self._limit + self.slow_start_step, float(self.max_limit))
             self._slow_started += self.slow_start_step
 
     def _on_drop(self, sample: Sample, now: float) -> None:
         noload = self._rtt_noload_s
-        if noload is not None and sample.rtt_s < noload:
+        if noload is not None and sample.backend_rtt_s < noload:
             return  # failed sooner than any answer could come: its deadline, not the backend
         self._window_dropped = True
         if now - self._last_backoff_at < self.window_s:
@@ -341,7 +350,7 @@ class GradientLimit:
     def _probe_sample(self, sample: Sample) -> None:
         start = self._probe_start
         if start is not None and sample.start >= start and sample.inflight_at_start <= self.limit:
-            self._probe_rtts.append(max(sample.rtt_s, MIN_RTT_S))
+            self._probe_rtts.append(sample.backend_rtt_s)
 
     def _maybe_end_probe(self, now: float) -> None:
         start = self._probe_start
@@ -382,3 +391,14 @@ def _check_params(
         raise ValueError(f"growth_factor must be >= 1.0, got {growth}")
     if not 0.0 < backoff < 1.0:
         raise ValueError(f"backoff_ratio must be in (0, 1), got {backoff}")
+
+
+def _check_more(min_gradient: float, stuck: float, fast_close: float, probe_s: float) -> None:
+    if not 0.0 < min_gradient <= 1.0:
+        raise ValueError(f"min_gradient must be in (0, 1], got {min_gradient}")
+    if not 0.0 < stuck <= 1.0:
+        raise ValueError(f"stuck_ratio must be in (0, 1], got {stuck}")
+    if fast_close <= 1.0:
+        raise ValueError(f"fast_close_ratio must be > 1, got {fast_close}")
+    if probe_s <= 0:
+        raise ValueError(f"probe_interval_s must be > 0, got {probe_s}")

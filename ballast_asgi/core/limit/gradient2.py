@@ -25,7 +25,6 @@ from ballast_asgi.core.limit.base import (
     DEFAULT_INITIAL_LIMIT,
     DEFAULT_MAX_LIMIT,
     DEFAULT_MIN_LIMIT,
-    MIN_RTT_S,
     Sample,
     check_bounds,
     clamp,
@@ -77,7 +76,7 @@ class Gradient2Limit:
         if sample.dropped:
             self._limit = clamp(self._limit * self.backoff_ratio, self.min_limit, self.max_limit)
             return self.limit
-        short = max(sample.rtt_s, MIN_RTT_S)
+        short = sample.backend_rtt_s
         self._short_s = short
         if sample.inflight_at_start < self._limit / 2:
             self._recover(short)

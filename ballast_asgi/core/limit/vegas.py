@@ -29,7 +29,6 @@ from ballast_asgi.core.limit.base import (
     DEFAULT_INITIAL_LIMIT,
     DEFAULT_MAX_LIMIT,
     DEFAULT_MIN_LIMIT,
-    MIN_RTT_S,
     Sample,
     check_bounds,
     clamp,
@@ -75,7 +74,7 @@ class VegasLimit:
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
             self._rtt_noload_s = None
-        rtt = max(sample.rtt_s, MIN_RTT_S)
+        rtt = sample.backend_rtt_s
         if not sample.dropped and (self._rtt_noload_s is None or rtt < self._rtt_noload_s):
             self._rtt_noload_s = rtt
             return self.limit

@@ -13,11 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast_asgi.ratelimit.core import gcra
-from ballast_asgi.ratelimit.core.accounting import ChargeBook, RateEstimate, lease_size
+from ballast_asgi.ratelimit.core.accounting import (
+    ChargeBook,
+    RateEstimate,
+    demand_share,
+    lease_size,
+)
 from ballast_asgi.ratelimit.core.breaker import CLOSED, HALF_OPEN, OPEN, NaiveBreaker, RedisBreaker
 from ballast_asgi.ratelimit.core.gcra import Limits, ReferenceBucket
 from ballast_asgi.ratelimit.core.table import KeyTable
-from ballast_asgi.ratelimit.sync import sync_share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,23 +230,23 @@ def test_rate_estimate_is_right_from_the_start() -> None:
     assert est.rate(0.2) == pytest.approx(500, rel=0.05)
 
 
-def test_lease_size_and_sync_share() -> None:
+def test_lease_size_and_demand_share() -> None:
     """Lease sizes clamp; sync shares add up to the whole limit in both regimes."""
     assert lease_size(400.0, 0.1, 1, 50) == 40
     assert lease_size(0.0, 0.1, 2, 50) == 2
     assert lease_size(9_000.0, 0.1, 1, 50) == 50
-    under = sync_share(300, 500, 2, 1000) + sync_share(200, 500, 2, 1000)
-    over = sync_share(1350, 1500, 2, 1000) + sync_share(150, 1500, 2, 1000)
+    under = demand_share(300, 500, 2, 1000) + demand_share(200, 500, 2, 1000)
+    over = demand_share(1350, 1500, 2, 1000) + demand_share(150, 1500, 2, 1000)
     assert under == pytest.approx(1.0) and over == pytest.approx(1.0)
-    assert sync_share(0, 0, 4, 1000) == 0.25
+    assert demand_share(0, 0, 4, 1000) == 0.25
 
 
 def test_sync_share_holds_room_for_peers_that_have_not_published() -> None:
     """The first of two gateways to sync a new key gets half the limit, not all of it."""
-    assert sync_share(750, 750, 2, 1000) == 0.875  # the silent peer counted as offering nothing
-    assert sync_share(750, 750, 2, 1000, published=1) == pytest.approx(0.5)
-    assert sync_share(300, 300, 2, 1000, published=1) == pytest.approx(0.5)
-    assert sync_share(300, 900, 3, 1000, published=3) == pytest.approx((300 + 100 / 3) / 1000)
+    assert demand_share(750, 750, 2, 1000) == 0.875  # the silent peer counted as offering nothing
+    assert demand_share(750, 750, 2, 1000, published=1) == pytest.approx(0.5)
+    assert demand_share(300, 300, 2, 1000, published=1) == pytest.approx(0.5)
+    assert demand_share(300, 900, 3, 1000, published=3) == pytest.approx((300 + 100 / 3) / 1000)
 
 
 def test_ratelimit_cores_import_only_the_standard_library() -> None:

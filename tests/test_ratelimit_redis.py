@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, cast
 
 import pytest
 
 from ballast_asgi.core.types import Clock
 from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
 from ballast_asgi.ratelimit.config import RateLimitConfig
-from ballast_asgi.ratelimit.core.gcra import Limits
+from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
 from ballast_asgi.ratelimit.lease import LeaseLimiter
+from ballast_asgi.ratelimit.redis_mode import RedisLimiter
+from ballast_asgi.ratelimit.shared import SharedBase
 from experiments._harness.procs import free_port
 from experiments._harness.redis import RedisProcess, redis_server, start_redis
 from experiments.ratelimit.delayproxy import DelayProxy
@@ -180,42 +182,105 @@ async def test_a_gateway_counts_as_live_for_three_periods_and_at_least_three_sec
 
 
 async def test_stopped_redis_degrades_to_the_local_share_then_charges_back() -> None:
-    """With Redis gone decisions come fast from limit/live; after restart the charge lands."""
+    """With Redis gone decisions come at once from limit/live; after restart the charge lands."""
     server = start_redis()
     port = server.port
     clock = FakeClock()  # the breaker's open time and the local share move only when told
     lim = _limiter(
         server.url, "redis", uuid.uuid4().hex, clock, redis_timeout_ms=50, charge_back=True
     )
+    assert isinstance(lim, SharedBase)
     limits = Limits(1.0, 10)
     try:
-        await lim.client.warm_up()  # type: ignore[attr-defined]
+        await lim.client.warm_up()
         assert not (await lim.decide("k", limits)).degraded
         server.kill()
-        worst = 0.0
-        admitted = 0
-        for _ in range(30):
-            start = time.perf_counter()
-            admitted += (await lim.decide("k", limits)).allowed
-            worst = max(worst, time.perf_counter() - start)
+        start = time.perf_counter()
+        admitted = int((await lim.decide("k", limits)).allowed)  # finds out: its call fails
+        assert time.perf_counter() - start < 0.1 and lim.failing
+        for _ in range(29):  # Redis is failing: no decision waits for its call
+            admitted += _without_suspending(lim.decide("k", limits)).allowed
         # The share counts what Redis admitted: one of its ten tokens went through Redis.
-        assert admitted == 9 and worst < 0.1
+        assert admitted == 9
         assert lim.stats.decisions[("allowed", "degraded")] == 9
+        for _ in range(200):
+            if lim.breaker_state() != "closed":
+                break
+            await asyncio.sleep(0.005)  # the calls nobody waited for fail in the background
         assert lim.breaker_state() in ("open", "half_open")
         server = start_redis(port)
-        await lim.client.warm_up()  # type: ignore[attr-defined]
+        await lim.client.warm_up()
         clock.advance(0.15)  # past the breaker's open time (100 ms)
-        decision = await lim.decide("k", limits)
-        for _ in range(100):
-            if lim.stats.charged_back:
+        first = await lim.decide("k", limits)  # its call (the probe) finds Redis back
+        assert first.degraded and not first.allowed  # decided alone; the share is spent
+        for _ in range(200):
+            if lim.stats.charged_back and lim.stats.redis_calls[("give_back", "ok")]:
                 break
-            await asyncio.sleep(0.01)  # the charge-back flush runs in the background
-        assert lim.stats.charged_back == 9
-        assert not decision.degraded and decision.allowed
-        assert not (await lim.decide("k", limits)).allowed  # the charge emptied the bucket
+            await asyncio.sleep(0.005)  # the late answer, give-back and charge-back land
+        assert lim.stats.charged_back == 9 and not lim.failing
+        # Redis admitted the probe's request the gateway refused: that token went back. The
+        # charge emptied the bucket, up to what it refilled (1/s) while Redis restarted.
+        decisions = [await lim.decide("k", limits) for _ in range(2)]
+        assert not any(d.degraded for d in decisions) and not decisions[-1].allowed
     finally:
         await lim.close()
         server.stop()
+
+
+def _without_suspending(coro: Coroutine[Any, Any, Decision]) -> Decision:
+    """Run ``coro`` to its end in one step; fail if it awaits anything that suspends."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return cast(Decision, done.value)
+    coro.close()
+    raise AssertionError("the decision waited for something")
+
+
+@pytest.mark.parametrize("mode", ["redis", "lease"])
+async def test_once_a_call_failed_no_request_waits_for_redis(mode: str) -> None:
+    """After one failed call (Redis refused) every decision returns without suspending."""
+    server = start_redis()
+    lim = _limiter(server.url, mode, uuid.uuid4().hex, redis_timeout_ms=1000)
+    assert isinstance(lim, SharedBase)
+    lim._started = True  # no background loops: only request-path calls
+    limits = Limits(1000.0, 100)
+    try:
+        await lim.client.warm_up()
+        server.kill()
+        await lim.decide("k", limits)  # this one may wait: Redis was fine until now
+        for _ in range(100):
+            if lim.failing:
+                break
+            await asyncio.sleep(0.005)  # the refill (lease) fails in the background
+        assert lim.failing
+        for _ in range(20):
+            assert _without_suspending(lim.decide("k", limits)).degraded
+    finally:
+        await lim.close()
+        server.stop()
+
+
+async def test_redis_mode_own_share_follows_demand(redis: RedisProcess) -> None:
+    """Under a 90/10 split the busy gateway's own share is about 90 % of the limit."""
+    clock = FakeClock()
+    prefix = uuid.uuid4().hex
+    busy = _limiter(redis.url, "redis", prefix, clock, redis_timeout_ms=1000, demand_ms=100)
+    idle = _limiter(redis.url, "redis", prefix, clock, redis_timeout_ms=1000, demand_ms=100)
+    assert isinstance(busy, RedisLimiter) and isinstance(idle, RedisLimiter)
+    limits = Limits(1000.0, 100)
+    try:
+        for step in range(1000):  # 1 s at 1,000 requests/s: 900 to one gateway, 100 to the other
+            clock.advance(0.001)
+            await (idle if step % 10 == 0 else busy).decide("k", limits)
+        busy.live = idle.live = 2
+        assert busy.share("k", clock.now) == pytest.approx(0.9, abs=0.03)
+        assert idle.share("k", clock.now) == pytest.approx(0.1, abs=0.03)
+        clock.advance(2.0)  # no answer for longer than stale_s: back to an even split
+        assert busy.share("k", clock.now) == 0.5
+    finally:
+        await busy.close()
+        await idle.close()
 
 
 async def test_slow_redis_never_makes_a_request_wait_past_the_timeout(
@@ -238,6 +303,12 @@ async def test_slow_redis_never_makes_a_request_wait_past_the_timeout(
         proxy.stop()
 
 
+def _late_gcra(lim: RateLimiter) -> int:
+    """GCRA answers that came after the deadline (the first call of a key publishes demand)."""
+    calls = lim.stats.redis_calls
+    return calls[("gcra", "late")] + calls[("gcra_demand", "late")]
+
+
 async def test_late_answers_are_reconciled(redis: RedisProcess) -> None:
     """A call that misses its deadline but succeeds later cancels its pending charge."""
     proxy = DelayProxy(redis.port, 0.01).start()
@@ -246,10 +317,10 @@ async def test_late_answers_are_reconciled(redis: RedisProcess) -> None:
         decision = await lim.decide("k", Limits(100.0, 10))
         assert decision.degraded and decision.allowed
         for _ in range(100):
-            if lim.stats.redis_calls[("gcra", "late")]:
+            if _late_gcra(lim):
                 break
             await asyncio.sleep(0.005)  # the late answer arrives in the background
-        assert lim.stats.redis_calls[("gcra", "late")] == 1
+        assert _late_gcra(lim) == 1
         for _ in range(100):
             if not len(lim.charges):  # type: ignore[attr-defined]
                 break

@@ -93,6 +93,9 @@ class RateLimitConfig(_Frozen):
     redis_timeout_ms: float = Field(2.0, gt=0, le=10_000)
     #: ``sync`` mode: reconcile period.
     sync_interval_ms: int = Field(200, ge=5, le=60_000)
+    #: ``redis`` mode: how often, per key, a gateway publishes its recent demand; its own
+    #: share of the limit (used when it decides without Redis) follows that demand.
+    demand_ms: int = Field(200, ge=5, le=60_000)
     #: Live-gateway heartbeats (a gateway counts as live for three periods, at least 3 s).
     heartbeat_ms: int = Field(1000, ge=50, le=60_000)
     #: Keys kept per process (least recently used evicted beyond).

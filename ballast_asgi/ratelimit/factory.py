@@ -77,7 +77,7 @@ def make_limiter(config: RateLimitConfig, *, clock: Clock = time.monotonic) -> R
     }
     client = RedisClient(config.redis_url)
     if config.mode == "redis":
-        return RedisLimiter(client, **common)
+        return RedisLimiter(client, demand_s=config.demand_ms / 1000, **common)
     if config.mode == "sync":
         return SyncLimiter(client, interval_s=config.sync_interval_ms / 1000, **common)
     lc = config.lease

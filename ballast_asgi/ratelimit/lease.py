@@ -11,7 +11,8 @@ bucket; Redis grants at most what the bucket holds).
 When the lease falls below a quarter of its size a refill starts in the
 background, so the request path rarely waits. A request that finds no tokens
 waits for the refill at most ``redis_timeout_ms`` (not at all while the Redis
-breaker refuses calls: it is decided on the gateway's share at once). When Redis grants nothing
+breaker refuses calls, or while Redis is failing: its last call ended in an
+error; it is then decided on the gateway's share at once). When Redis grants nothing
 the bucket is empty: the gateway refuses locally until Redis says a quarter
 lease exists (no call in between), then asks again on its own. When Redis does not answer, the
 request is decided on the gateway's share and charged back later.
@@ -114,6 +115,9 @@ class LeaseLimiter(SharedBase):
                     return self.degrade(key, limits, now)
                 lease.pending = asyncio.get_running_loop().create_future()
                 self.spawn(self._refill(key, lease, limits))
+            if self.failing:
+                # Redis's last call failed: the refill goes out, but no request waits for it.
+                return self.degrade(key, limits, now)
             try:
                 await asyncio.wait_for(asyncio.shield(lease.pending), max(0.0, deadline - now))
             except (TimeoutError, Missed):

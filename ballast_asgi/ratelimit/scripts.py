@@ -37,6 +37,47 @@ return {0, string.format('%.6f', tat - now)}
 """
 )
 
+#: Demand body: record this gateway's recent rate for a key (``id`` -> ``rate:seen``) in the
+#: hash ``hash``, drop entries older than ``stale`` seconds, return the total rate over the
+#: entries left and how many there are (the gateways that published demand for the key).
+_DEMAND = """
+local function demand(hash, id, rate, stale)
+  redis.call('HSET', hash, id, rate .. ':' .. string.format('%.6f', now))
+  redis.call('PEXPIRE', hash, math.ceil(stale * 1000))
+  local total, live = 0, 0
+  local all = redis.call('HGETALL', hash)
+  for i = 1, #all, 2 do
+    local sep = string.find(all[i + 1], ':', 1, true)
+    local r = tonumber(string.sub(all[i + 1], 1, sep - 1))
+    local seen = tonumber(string.sub(all[i + 1], sep + 1))
+    if now - seen > stale then
+      redis.call('HDEL', hash, all[i])
+    else
+      total = total + r
+      live = live + 1
+    end
+  end
+  return total, live
+end
+"""
+
+#: GCRA for one request that also publishes this gateway's demand for the key (``redis`` mode,
+#: a few times a second per key). KEYS[2]: the key's demand hash. ARGV: T, tau, cost, id,
+#: requests/s, stale_s. Reply: {allowed 0/1, debt_s, total_demand, published}.
+GCRA_DEMAND = (
+    _PRELUDE
+    + _DEMAND
+    + """
+local total, live = demand(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]))
+local new = tat + tonumber(ARGV[3]) * T
+if new - now <= tau + 1e-9 then
+  store(new)
+  return {1, string.format('%.6f', new - now), string.format('%.6f', total), live}
+end
+return {0, string.format('%.6f', tat - now), string.format('%.6f', total), live}
+"""
+)
+
 #: Heartbeat body: add gateway ``id`` to the sorted set ``set`` (scored by ``now``), drop the
 #: members not seen for ``ttl`` seconds, reply with how many are left (the live gateways).
 _BEAT = """
@@ -105,27 +146,14 @@ return 0
 #: KEYS[2] is the demand hash. Reply: {total_demand, live, debt_taken_s}.
 SYNC = (
     _PRELUDE
+    + _DEMAND
     + """
 local since = now - tonumber(ARGV[8])
 local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
 if since > stored then stored = since end
 tat = stored + tonumber(ARGV[3]) * T
 if tat < now then tat = now end
-redis.call('HSET', KEYS[2], ARGV[4], ARGV[5] .. ':' .. string.format('%.6f', now))
-redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[6]) * 1000))
-local total, live = 0, 0
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  local sep = string.find(all[i + 1], ':', 1, true)
-  local rate = tonumber(string.sub(all[i + 1], 1, sep - 1))
-  local seen = tonumber(string.sub(all[i + 1], sep + 1))
-  if now - seen > tonumber(ARGV[6]) then
-    redis.call('HDEL', KEYS[2], all[i])
-  else
-    total = total + rate
-    live = live + 1
-  end
-end
+local total, live = demand(KEYS[2], ARGV[4], ARGV[5], tonumber(ARGV[6]))
 local taken = 0
 local excess = (tat - now) - tau
 if excess > 0 then
@@ -154,6 +182,7 @@ LEAVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
 
 SCRIPTS = {
     "gcra": GCRA,
+    "gcra_demand": GCRA_DEMAND,
     "lease": LEASE,
     "give_back": GIVE_BACK,
     "charge": CHARGE,

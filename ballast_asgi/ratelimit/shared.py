@@ -6,9 +6,15 @@ is not cancelled when it misses that deadline (cancelling a redis-py call
 throws its connection away): the request is decided on this gateway's share
 at once, the call finishes in the background, and ``on_late`` reconciles its
 answer with what was decided. A miss and an error both count as failures for
-the breaker. While the breaker is open no call is made at all.
+the breaker. While the breaker is open no call is made at all. Once a call
+has ended in an error (Redis refused or reset the connection) Redis is
+``failing``: until a call succeeds again, request-path calls still go out
+(one of them finds Redis back) but no request waits for one; a stopped Redis
+costs a busy gateway no event-loop turns per request before the breaker
+opens.
 
-The fallback share is ``limit / live gateways`` (``Limits.scaled``), learned
+The fallback share is ``limit / live gateways`` (``Limits.scaled``; ``redis``
+mode splits it by demand instead, ``redis_mode.py``), the live count learned
 from heartbeats: each gateway adds itself to a sorted set every
 ``heartbeat_s`` and counts the members seen within ``live_ttl_s`` (three
 periods, and never less than ``MIN_LIVE_TTL_S``: a gateway whose event loop
@@ -77,6 +83,9 @@ class SharedBase:
         self.fallback = LocalBuckets(max_keys)
         self.charges = ChargeBook(max_keys)
         self.live = 1
+        #: Redis's last finished call ended in an error (refused, reset): until one succeeds,
+        #: no request waits for Redis.
+        self.failing = False
         self._last_beat = -math.inf
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
@@ -146,26 +155,53 @@ class SharedBase:
         *,
         timeout_s: float | None = None,
         on_late: Callable[[Any], None] | None = None,
+        request_path: bool = True,
     ) -> Any:
-        """One script call under the breaker and a deadline; raise ``Missed`` when it fails."""
+        """One script call under the breaker and a deadline; raise ``Missed`` when it fails.
+
+        On the request path, while Redis is ``failing`` (its last call ended in an error),
+        the call still goes out (it finds out when Redis is back, and the breaker counts
+        it) but nobody waits for it: ``Missed`` at once, the answer goes to ``on_late``.
+        """
         now = self.clock()
         if not self.breaker.allow(now):
             raise Missed("breaker open")
         task = asyncio.get_running_loop().create_task(self._timed(op, keys, args))
+        if self.failing and request_path:
+            self._adopt(op, task, on_late, record=True)
+            raise Missed("failing")
         done, _ = await asyncio.wait((task,), timeout=timeout_s or self.timeout_s)
         if not done:
             self.breaker.record(False, self.clock())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(lambda t: self._late(op, t, on_late))
+            self._adopt(op, task, on_late, record=False)
             raise Missed("deadline")
         exc = task.exception()
-        self.breaker.record(exc is None, self.clock())
+        self._outcome(exc is None, record=True)
         if exc is not None:
             raise Missed(str(exc)) from exc
-        if len(self.charges) and not self._flushing:
-            self.spawn(self.flush_charges())
         return task.result()
+
+    def _outcome(self, ok: bool, *, record: bool) -> None:
+        """A call ended: tell the breaker (unless a missed deadline already did), track
+        ``failing``, and flush pending charge-back once Redis answers again."""
+        if record:
+            self.breaker.record(ok, self.clock())
+        self.failing = not ok
+        if ok and len(self.charges) and not self._flushing and not self._closed:
+            self.spawn(self.flush_charges())
+
+    def _adopt(
+        self,
+        op: str,
+        task: asyncio.Task[Any],
+        on_late: Callable[[Any], None] | None,
+        *,
+        record: bool,
+    ) -> None:
+        """Keep a call nobody waits for; its answer goes to ``_late``."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._late(op, t, on_late, record))
 
     async def _timed(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         start = time.perf_counter()
@@ -178,22 +214,29 @@ class SharedBase:
         return result
 
     def _late(
-        self, op: str, task: asyncio.Task[Any], on_late: Callable[[Any], None] | None
+        self,
+        op: str,
+        task: asyncio.Task[Any],
+        on_late: Callable[[Any], None] | None,
+        record: bool,
     ) -> None:
         self.stats.redis_calls[(op, "late")] += 1
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is None and len(self.charges) and not self._flushing and not self._closed:
-            self.spawn(self.flush_charges())
+        self._outcome(exc is None, record=record)
         if on_late is not None:
             on_late(None if exc is not None else task.result())
 
     async def background(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """A call off the request path (longer deadline, still under the breaker)."""
-        return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S)
+        return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S, request_path=False)
 
     # -- degraded decisions and charge-back -----------------------------------
+    def share(self, key: str, now: float) -> float:
+        """This gateway's fraction of ``key``'s limit when it decides alone: 1 / live."""
+        return 1.0 / max(1, self.live)
+
     def count_admitted(self, key: str, limits: Limits, now: float) -> None:
         """Take what Redis admitted for this gateway from its own share too.
 
@@ -206,11 +249,11 @@ class SharedBase:
         most it empties the share, so a gateway that served more than its share
         through Redis does not owe a debt when Redis goes away.
         """
-        self.fallback.spend(key, limits.scaled(1.0 / max(1, self.live)), now)
+        self.fallback.spend(key, limits.scaled(self.share(key, now)), now)
 
     def degrade(self, key: str, limits: Limits, now: float) -> Decision:
         """Decide on this gateway's share; remember what was admitted for charge-back."""
-        decision = self.fallback.decide(key, limits.scaled(1.0 / max(1, self.live)), now)
+        decision = self.fallback.decide(key, limits.scaled(self.share(key, now)), now)
         if decision.allowed and self.charge_back:
             self.charges.add(key, now, limits.interval_s)
         self.stats.decided(decision.allowed, "degraded")
@@ -244,7 +287,7 @@ class SharedBase:
     # -- heartbeats -----------------------------------------------------------
     async def heartbeat(self) -> None:
         """Announce this gateway and learn how many are alive."""
-        live = await self.background("heartbeat", [self.key("gw")], self.beat_args()[:2])
+        live = await self.background("heartbeat", [self.key("gw")], self.beat_args())
         self.saw_beat(live)
 
     async def _heartbeat_if_due(self) -> None:

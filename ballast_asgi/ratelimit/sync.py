@@ -11,7 +11,7 @@ trip (``SYNC`` per active key) does three things per key:
 3. takes this gateway's part of any excess of the shared bucket over its
    tolerance as local debt (so a transient overshoot is paid back once).
 
-The share (``sync_share``) splits the limit by demand: with total demand ``D``
+The share (``accounting.demand_share``) splits the limit by demand: with total demand ``D``
 below the rate ``R`` each gateway gets its own demand plus an even part of the
 headroom ``(R - D) / n`` (room for a spike at once); above it, ``R * d / D``.
 The shares add up to the limit in both cases. While Redis does not answer, the
@@ -28,30 +28,10 @@ from typing import Any
 
 from ballast_asgi.ratelimit.client import RedisUnavailable
 from ballast_asgi.ratelimit.core import gcra
-from ballast_asgi.ratelimit.core.accounting import RateEstimate
+from ballast_asgi.ratelimit.core.accounting import RateEstimate, demand_share
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.core.table import KeyTable
 from ballast_asgi.ratelimit.shared import BACKGROUND_TIMEOUT_S, SharedBase
-
-
-def sync_share(
-    mine: float, total: float, live: int, rate: float, published: int | None = None
-) -> float:
-    """This gateway's fraction of ``rate``: demand plus an even part of the headroom.
-
-    ``published`` gateways reported demand for the key; the other ``live -
-    published`` (just started, or new to the key) are assumed to offer the
-    average of those, so one gateway never takes the whole limit because its
-    peers have not spoken yet.
-    """
-    live = max(1, live)
-    if total <= 0:
-        return 1.0 / live
-    if published is not None and 0 < published < live:
-        total = total * live / published
-    if total < rate:
-        return min(1.0, (mine + (rate - total) / live) / rate)
-    return max(1e-3, mine / total)
 
 
 @dataclass(slots=True, eq=False)
@@ -163,7 +143,7 @@ class SyncLimiter(SharedBase):
         # that just started) still counts: its share of the headroom is held for it,
         # so the first sync of a key does not hand the whole limit to one gateway.
         live = max(published, self.live)
-        share = sync_share(state.published, total, live, state.limits.rate_per_s, published)
+        share = demand_share(state.published, total, live, state.limits.rate_per_s, published)
         state.share = share
         if taken > 0:
             state.tat = max(state.tat, now) + taken / state.share

@@ -25,7 +25,7 @@ class Scale:
     #: Shifting (two swaps) and the Redis-stopped runs.
     long_s: float = 10.5
     burst_s: float = 6.0
-    reps: int = 2
+    reps: int = 5
     breaker_reps: int = 3
     #: Keep the burst at 100 when the rate is scaled down (a tiny burst makes every
     #: comparison hostage to scheduling jitter on a busy machine).

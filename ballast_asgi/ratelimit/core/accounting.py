@@ -17,6 +17,10 @@ has seen a few ``tau`` of history the sum is biased low (it starts from 0), so
 it is divided by ``1 - exp(-age / tau)`` (age at least ``MIN_AGE_S``): a new
 key's first leases are sized to its real rate at once, not to a ramp.
 
+**Demand share.** ``demand_share`` splits a limit between gateways by what
+each was recently offered (``sync`` mode's local buckets; ``redis`` mode's
+own share when it decides alone).
+
 **Lease size.** A gateway leases what it expects to spend in one lease
 window: ``clamp(ceil(rate * window_s), min_tokens, max_tokens)``.
 """
@@ -137,8 +141,23 @@ def lease_size(rate_per_s: float, window_s: float, min_tokens: int, max_tokens: 
     return max(min_tokens, min(max_tokens, want))
 
 
-def share_of(mine: float, total: float, live: int) -> float:
-    """This gateway's fraction of the limit: its demand share, else an even split."""
-    if total > 0 and mine > 0:
-        return min(1.0, mine / total)
-    return 1.0 / max(1, live)
+def demand_share(
+    mine: float, total: float, live: int, rate: float, published: int | None = None
+) -> float:
+    """This gateway's fraction of ``rate``: its demand plus an even part of the headroom.
+
+    With total demand ``total`` below ``rate`` each gateway gets its own demand plus an
+    even part of the headroom ``(rate - total) / live`` (room for a spike at once); above
+    it, ``mine / total``. The shares add up to the limit in both cases. ``published``
+    gateways reported demand for the key; the other ``live - published`` (just started,
+    or new to the key) are assumed to offer the average of those, so one gateway never
+    takes the whole limit because its peers have not spoken yet.
+    """
+    live = max(1, live)
+    if total <= 0:
+        return 1.0 / live
+    if published is not None and 0 < published < live:
+        total = total * live / published
+    if total < rate:
+        return min(1.0, (mine + (rate - total) / live) / rate)
+    return max(1e-3, mine / total)

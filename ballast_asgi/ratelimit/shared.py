@@ -198,10 +198,20 @@ class SharedBase:
         *,
         record: bool,
     ) -> None:
-        """Keep a call nobody waits for; its answer goes to ``_late``."""
+        """Keep a call nobody waits for; when it ends, count it and hand its answer on."""
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._tasks.discard(task)
+            self.stats.redis_calls[(op, "late")] += 1
+            if task.cancelled():
+                return
+            exc = task.exception()
+            self._outcome(exc is None, record=record)
+            if on_late is not None:
+                on_late(None if exc is not None else task.result())
+
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda t: self._late(op, t, on_late, record))
+        task.add_done_callback(done)
 
     async def _timed(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         start = time.perf_counter()
@@ -212,21 +222,6 @@ class SharedBase:
             raise
         self.stats.call(op, "ok", time.perf_counter() - start)
         return result
-
-    def _late(
-        self,
-        op: str,
-        task: asyncio.Task[Any],
-        on_late: Callable[[Any], None] | None,
-        record: bool,
-    ) -> None:
-        self.stats.redis_calls[(op, "late")] += 1
-        if task.cancelled():
-            return
-        exc = task.exception()
-        self._outcome(exc is None, record=record)
-        if on_late is not None:
-            on_late(None if exc is not None else task.result())
 
     async def background(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """A call off the request path (longer deadline, still under the breaker)."""

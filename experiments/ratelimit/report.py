@@ -253,7 +253,8 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             f"80 % = {0.8 * lim.rate_per_s:g} rps, 150 % = {1.5 * lim.rate_per_s:g} rps, burst "
             f"spikes to {5 * lim.rate_per_s:g} rps; the 10,000-key row is {3000 * factor:g} rps "
             "with 20/s and a burst of 5 per key. Two gateway processes share one redis-server on "
-            "loopback; open-loop load from one aiohttp process.",
+            "loopback; open-loop load from one process on the lean HTTP/1.1 client "
+            "(`ballast_tools.loadgen.lean`).",
             "### 1. One limit across two gateways\n\nAt 80 % of the limit, against the same load "
             "with no limiter (median of the repetitions, range in brackets):\n\n" + t80,
             "At 150 % of the limit: admitted compared with a perfect single bucket replayed over "

@@ -2,7 +2,7 @@
 
 Starts a redis-server, a trivial upstream and pairs of ``uvicorn
 ballast_asgi.gateway:app`` processes (one pair per configuration), drives them
-open-loop from this process (aiohttp on uvloop) over one key, and compares
+open-loop from this process (the lean client on uvloop) over one key, and compares
 what was admitted with a perfect single bucket replayed over the same
 requests. Three phases, bounded in time (about four minutes at the default
 scale); tables are printed and written into docs/ratelimit.md.

@@ -35,10 +35,18 @@ class LocalBuckets:
         return decision
 
     def spend(self, key: str, limits: Limits, now: float) -> None:
-        """Take one token for a request admitted elsewhere (never refused; at most empty)."""
+        """Take one token for a request admitted elsewhere (never refused).
+
+        The bucket may go into debt by at most one more burst (``tat <= now + 2 tau``):
+        while requests admitted elsewhere keep coming at the share's rate or faster,
+        none is admitted here. Capped at "empty" instead, every request admitted
+        elsewhere while the bucket was empty came on top of the share (measured:
+        +6.9 % over a perfect bucket in `redis` mode when a saturated gateway decided
+        most requests alone and a few through Redis).
+        """
         tat = self.table.get(key)
         base = now if tat is None or tat < now else tat
-        new_tat = min(base + limits.interval_s, now + limits.tau_s)
+        new_tat = min(base + limits.interval_s, now + 2 * limits.tau_s)
         if tat is None or new_tat > tat:
             self.table.put(key, new_tat, now)
 

@@ -240,9 +240,10 @@ class SharedBase:
         (a GCRA answer, a lease token) keeps a gateway whose event loop is late,
         and so decides some requests alone and some through Redis, from admitting
         its full share alone on top of what Redis admitted: over-admission of 10 %
-        and more at 150 % of the limit, measured in the experiment before this. At
-        most it empties the share, so a gateway that served more than its share
-        through Redis does not owe a debt when Redis goes away.
+        and more at 150 % of the limit, measured in the experiment before this. The
+        share may go one burst into debt, not more (``LocalBuckets.spend``), so a
+        gateway that served more than its share through Redis owes little when
+        Redis goes away.
         """
         self.fallback.spend(key, limits.scaled(self.share(key, now)), now)
 

@@ -167,6 +167,30 @@ async def test_lease_with_the_breaker_open_decides_alone_without_waiting(
         await lim.close()
 
 
+async def test_heartbeats_and_give_backs_go_through_an_open_breaker(redis: RedisProcess) -> None:
+    """The breaker guards the request path only: peers keep counting a gateway, tokens return."""
+    clock = FakeClock()
+    prefix = uuid.uuid4().hex
+    a = _limiter(redis.url, "redis", prefix, clock, redis_timeout_ms=1000)
+    b = _limiter(redis.url, "redis", prefix, clock, redis_timeout_ms=1000)
+    assert isinstance(a, RedisLimiter) and isinstance(b, RedisLimiter)
+    limits = Limits(0.01, 3)
+    try:
+        await b.heartbeat()
+        for _ in range(5):
+            a.breaker.record(False, clock.now)
+        assert a.breaker_state() == "open"
+        await a.heartbeat()
+        assert a.live_gateways() == 2
+        assert sum([(await b.decide("k", limits)).allowed for _ in range(3)]) == 3
+        await a._give_back_one("k", limits)  # with its breaker open
+        assert a.breaker_state() == "open"  # bookkeeping calls do not move it
+        assert (await b.decide("k", limits)).allowed  # the token came back
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_gateway_counts_as_live_for_three_periods_and_at_least_three_seconds(
     redis: RedisProcess,
 ) -> None:

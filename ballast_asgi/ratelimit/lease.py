@@ -198,7 +198,7 @@ class LeaseLimiter(SharedBase):
             return
         self.stats.lease_tokens_returned += count
         args = (repr(limits.interval_s), repr(limits.tau_s), count)
-        self.spawn(self._quiet(self.background("give_back", [self.key("b", key)], args)))
+        self.spawn(self._quiet(self.bookkeeping("give_back", [self.key("b", key)], args)))
 
     async def _quiet(self, coro: Any) -> None:
         try:

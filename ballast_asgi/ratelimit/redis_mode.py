@@ -130,7 +130,7 @@ class RedisLimiter(SharedBase):
     async def _give_back_one(self, key: str, limits: Limits) -> None:
         args = (repr(limits.interval_s), repr(limits.tau_s), 1)
         try:
-            await self.background("give_back", [self.key("b", key)], args)
+            await self.bookkeeping("give_back", [self.key("b", key)], args)
         except Missed:
             return
 

@@ -227,6 +227,23 @@ class SharedBase:
         """A call off the request path (longer deadline, still under the breaker)."""
         return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S, request_path=False)
 
+    async def bookkeeping(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A heartbeat or a give-back: outside the breaker, bounded by the background deadline.
+
+        The breaker protects the request path. These calls are few (a couple a second)
+        and must not be dropped while it is open: a heartbeat that does not land for
+        three periods drops this gateway from its peers' live count (each of them then
+        decides alone on a larger share), and a dropped give-back loses tokens. Their
+        outcome does not move the breaker; it does tell whether Redis is ``failing``.
+        """
+        try:
+            result = await asyncio.wait_for(self._timed(op, keys, args), BACKGROUND_TIMEOUT_S)
+        except (RedisUnavailable, TimeoutError) as exc:
+            self.failing = self.failing or isinstance(exc, RedisUnavailable)
+            raise Missed(str(exc)) from exc
+        self._outcome(True, record=False)
+        return result
+
     # -- degraded decisions and charge-back -----------------------------------
     def share(self, key: str, now: float) -> float:
         """This gateway's fraction of ``key``'s limit when it decides alone: 1 / live."""
@@ -283,7 +300,7 @@ class SharedBase:
     # -- heartbeats -----------------------------------------------------------
     async def heartbeat(self) -> None:
         """Announce this gateway and learn how many are alive."""
-        live = await self.background("heartbeat", [self.key("gw")], self.beat_args())
+        live = await self.bookkeeping("heartbeat", [self.key("gw")], self.beat_args())
         self.saw_beat(live)
 
     async def _heartbeat_if_due(self) -> None:

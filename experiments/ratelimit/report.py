@@ -138,7 +138,7 @@ def table_faults(rows: Sequence[Row], base_p99: float) -> tuple[str, dict[str, d
     """Table 3: Redis 5 ms slower, and Redis stopped mid-run."""
     out = ["| Redis | mode | admitted vs perfect | p99 added ms | degraded decisions | "
            "outage: over-admission x limit | outage: max latency ms | slowest decision ms | "
-           "decisions waiting > 2 ms |",
+           "decisions waiting > 2 ms after the kill |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     stats: dict[str, dict[str, float]] = {}
     for cond in ("slow", "stop"):
@@ -187,7 +187,8 @@ def targets(s80: dict[str, Any], s150: dict[str, Any], faults: dict[str, Any], t
         if f:
             add(f"{mode}: Redis stopped, over-admission <= 1x limit for the outage",
                 f"{f['over_x']:.2f}x", f["over_x"] <= 1.0)  # fmt: skip
-            add(f"{mode}: Redis stopped, no decision waits > {timeout_ms:g} ms (in the gateway)",
+            add(f"{mode}: Redis stopped, no decision waits > {timeout_ms:g} ms after the kill "
+                "(in the gateway)",
                 f"{f['late']} of {f['decided']}, slowest {f['wait_ms']:.2f} ms",
                 f["decided"] > 0 and f["late"] == 0)  # fmt: skip
             bound = base_max_ms + timeout_ms
@@ -224,7 +225,7 @@ def bottleneck(rows: Sequence[Row]) -> str:
                      "the machine; the comparisons with the perfect bucket leave unanswered "
                      "requests out, and a Redis call that waited for a core counts as a miss "
                      "of the 2 ms deadline (degraded decisions).")  # fmt: skip
-    else:
+    elif not (lag > 5 or missed):
         lines.append("- The generator kept its schedule: offered load is as planned.")
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,11 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
     killer = None
     if run.kill_at_s is not None:
         killer = run.tags["redis"]
+    at_kill: list[dict[str, Any]] = []
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        results, gen_cpu = runner.run(_drive(pair.bases, schedule, prefix, run, killer))
+        results, gen_cpu = runner.run(
+            _drive(pair.bases, schedule, prefix, run, killer, pair.snapshots, at_kill)
+        )
     gw_cpu = pair.cpu() - cpu0
     after = pair.snapshots()
     full = analyze.admission(results, run.limits)
@@ -67,7 +71,8 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
         ),
     }  # fmt: skip
     if run.kill_at_s is not None:
-        over, total = analyze.waits_over(before, after, REDIS_TIMEOUT_S)
+        # From the kill on: the gateways' histograms read the moment Redis was killed.
+        over, total = analyze.waits_over(at_kill or before, after, REDIS_TIMEOUT_S)
         row["decision_waits_over_timeout"] = [over, total]
         window = (run.kill_at_s, run.shape.duration_s)
         outage = analyze.admission(results, run.limits, window)
@@ -86,16 +91,26 @@ def measure(pair: Pair, run: Run, seed: int) -> dict[str, Any]:
 
 async def _drive(
     bases: list[str], schedule: list[tuple[float, int, str]], prefix: str, run: Run,
-    killer: str | None,
+    killer: str | None, snapshots: Callable[[], list[dict[str, Any]]],
+    at_kill: list[dict[str, Any]],
 ) -> tuple[list[Any], float]:  # fmt: skip
     if killer is None or run.kill_at_s is None:
         return await drive(bases, schedule, prefix)
     loop = asyncio.get_running_loop()
-    handle = loop.call_later(run.kill_at_s + 0.05, _KILL[killer].kill)
+    taken: list[asyncio.Future[list[dict[str, Any]]]] = []
+
+    def kill() -> None:
+        _KILL[killer].kill()
+        # Read the gateways' decision-wait histograms now, off the generator's loop.
+        taken.append(loop.run_in_executor(None, snapshots))
+
+    handle = loop.call_later(run.kill_at_s + 0.05, kill)
     try:
         return await drive(bases, schedule, prefix)
     finally:
         handle.cancel()
+        if taken:
+            at_kill.extend(await taken[0])
 
 
 _KILL: dict[str, RedisProcess] = {}

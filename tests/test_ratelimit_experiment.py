@@ -97,3 +97,15 @@ def test_outage_probe_times_decisions_before_and_after_redis_dies() -> None:
     assert len(alive.waits) == len(stopped.waits) == 20
     assert alive.degraded < 20 and stopped.degraded == 20  # every decision alone once killed
     assert max(stopped.waits) < 1.0
+
+
+def test_pair_probe_compares_two_drivers_with_a_perfect_bucket() -> None:
+    """The in-process pair probe splits decisions between two drivers and replays them."""
+    import uvloop
+
+    from experiments.ratelimit.pairprobe import probe
+
+    row = uvloop.run(probe("sync", 0.4, "even", 0.0, 0.0))
+    assert 480 <= row["perfect"] <= 510  # 600 offered: the burst of 100 + 0.4 s at 1,000/s
+    assert all(sum(counts.values()) > 200 for counts in row["decisions"])  # both gateways decided
+    assert row["admitted"] <= 1.1 * row["perfect"]

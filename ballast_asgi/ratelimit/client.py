@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from ballast_asgi.core.types import Clock
 from ballast_asgi.ratelimit.scripts import SCRIPTS
@@ -25,6 +25,10 @@ from ballast_asgi.ratelimit.scripts import SCRIPTS
 
 class RedisUnavailable(Exception):
     """Redis did not answer usefully (refused, reset, timed out, or returned an error)."""
+
+
+class RedisPoolFull(RedisUnavailable):
+    """Every pooled connection is busy: this process is saturated, not Redis."""
 
 
 class RedisClient:
@@ -65,6 +69,8 @@ class RedisClient:
             except NoScriptError:
                 await conn.script_load(SCRIPTS[name])
                 return await conn.evalsha(self._shas[name], len(keys), *keys, *args)
+        except MaxConnectionsError as exc:
+            raise RedisPoolFull(f"{type(exc).__name__}: {exc}") from exc
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
 

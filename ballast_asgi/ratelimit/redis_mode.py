@@ -95,9 +95,12 @@ class RedisLimiter(SharedBase):
         try:
             result = await self.call(op, keys, args, on_late=late)
         except Missed:
-            decision = self.degrade(key, limits, now)
+            # Decided now, not when the request arrived: on a busy loop the wait ends late and
+            # out of order, and a bucket fed times that go backwards refuses what it should admit.
+            decision = self.degrade(key, limits, self.clock())
             decided.append(decision)
             return decision
+        now = self.clock()
         self._learn(state, result, limits, now)
         decision = from_debt(bool(int(result[0])), float(result[1]), limits)
         if decision.allowed:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ballast_asgi.core.types import Clock
-from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
+from ballast_asgi.ratelimit.client import RedisClient, RedisPoolFull, RedisUnavailable
 from ballast_asgi.ratelimit.core.accounting import ChargeBook
 from ballast_asgi.ratelimit.core.breaker import Breaker, RedisBreaker
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
@@ -176,17 +176,21 @@ class SharedBase:
             self._adopt(op, task, on_late, record=False)
             raise Missed("deadline")
         exc = task.exception()
-        self._outcome(exc is None, record=True)
+        self._outcome(exc, record=True)
         if exc is not None:
             raise Missed(str(exc)) from exc
         return task.result()
 
-    def _outcome(self, ok: bool, *, record: bool) -> None:
-        """A call ended: tell the breaker (unless a missed deadline already did), track
-        ``failing``, and flush pending charge-back once Redis answers again."""
+    def _outcome(self, exc: BaseException | None, *, record: bool) -> None:
+        """A call ended (``exc`` None: it succeeded): tell the breaker (unless a missed
+        deadline already did), track ``failing``, and flush pending charge-back once Redis
+        answers again. A full connection pool is this process's saturation, not a failing
+        Redis: it counts for the breaker but does not stop requests from waiting."""
+        ok = exc is None
         if record:
             self.breaker.record(ok, self.clock())
-        self.failing = not ok
+        if not isinstance(exc, RedisPoolFull):
+            self.failing = not ok
         if ok and len(self.charges) and not self._flushing and not self._closed:
             self.spawn(self.flush_charges())
 
@@ -206,7 +210,7 @@ class SharedBase:
             if task.cancelled():
                 return
             exc = task.exception()
-            self._outcome(exc is None, record=record)
+            self._outcome(exc, record=record)
             if on_late is not None:
                 on_late(None if exc is not None else task.result())
 
@@ -239,9 +243,10 @@ class SharedBase:
         try:
             result = await asyncio.wait_for(self._timed(op, keys, args), BACKGROUND_TIMEOUT_S)
         except (RedisUnavailable, TimeoutError) as exc:
-            self.failing = self.failing or isinstance(exc, RedisUnavailable)
+            if isinstance(exc, RedisUnavailable) and not isinstance(exc, RedisPoolFull):
+                self.failing = True
             raise Missed(str(exc)) from exc
-        self._outcome(True, record=False)
+        self._outcome(None, record=False)
         return result
 
     # -- degraded decisions and charge-back -----------------------------------

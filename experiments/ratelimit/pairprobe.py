@@ -68,8 +68,8 @@ async def probe(
         for i in range(int(RATE * seconds)):
             t = i / RATE
             delay = start + t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Yield at least once per request, so the loop reads its sockets even when behind.
+            await asyncio.sleep(max(0.0, delay))
             end = time.perf_counter() + busy_us / 1e6
             while time.perf_counter() < end:
                 pass

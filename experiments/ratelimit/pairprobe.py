@@ -7,7 +7,9 @@ delaying proxy when ``D`` > 0), builds two drivers of ``MODE`` on one key
 each decision a task started at its scheduled time (nobody waits for the one
 before). ``--busy-us`` burns that much CPU per request in the same event loop, to
 imitate a gateway whose loop runs late. It prints admitted against a perfect
-single bucket over the same decision times, and where the decisions came from.
+single bucket replayed over the moments the decisions were made (a loop that falls
+behind decides over a longer stretch than the schedule), and where the decisions
+came from.
 
 This is the controlled harness for rules that the HTTP experiment (two gateway
 processes on a saturated two-core machine) cannot tell apart; it leaves out
@@ -55,7 +57,10 @@ async def probe(
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(gw: int, t: float) -> None:
-        decided.append((t, (await lims[gw].decide("k", LIMITS)).allowed))
+        # The perfect bucket replays the moments the decisions were made, not the schedule:
+        # a loop that falls behind decides later, over a longer stretch of time.
+        allowed = (await lims[gw].decide("k", LIMITS)).allowed
+        decided.append((time.perf_counter(), allowed))
 
     try:
         for lim in lims:
@@ -85,7 +90,7 @@ async def probe(
             proxy.stop()
         server.stop()
     decided.sort()
-    bucket = ReferenceBucket(LIMITS)
+    bucket = ReferenceBucket(LIMITS, decided[0][0] if decided else 0.0)
     perfect = sum(bucket.take(t) for t, _ in decided)
     admitted = sum(ok for _, ok in decided)
     return {

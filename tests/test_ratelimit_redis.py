@@ -191,6 +191,65 @@ async def test_heartbeats_and_give_backs_go_through_an_open_breaker(redis: Redis
         await b.close()
 
 
+def _spin(seconds: float) -> None:
+    """Keep the event loop busy (CPU work, not a sleep): what a loaded gateway's loop does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_a_busy_loop_is_not_taken_for_a_slow_redis(redis: RedisProcess) -> None:
+    """The 2 ms timer fires 20 ms late because the loop was busy: the answer is still read."""
+    lim = _limiter(redis.url, "redis", uuid.uuid4().hex, redis_timeout_ms=2)
+    limits = Limits(1000.0, 100)
+    try:
+        await lim.decide("k", limits)  # the connection is open
+        asyncio.get_running_loop().call_soon(_spin, 0.02)
+        decision = await lim.decide("k", limits)
+        assert not decision.degraded and decision.allowed
+    finally:
+        await lim.close()
+
+
+async def test_a_full_connection_pool_is_not_a_failing_redis(redis: RedisProcess) -> None:
+    """More calls in flight than pooled connections: the extra one fails, Redis is not failing."""
+    client = RedisClient(redis.url, max_connections=1)
+    lim = RedisLimiter(client, prefix=uuid.uuid4().hex, timeout_s=1.0)
+    lim._started = True  # no background loops
+    limits = Limits(1000.0, 100)
+    try:
+        first, second = await asyncio.gather(lim.decide("k", limits), lim.decide("k", limits))
+        assert not first.degraded and second.degraded  # the second found no free connection
+        assert (
+            lim.stats.redis_calls[("gcra_demand", "ok")] + lim.stats.redis_calls[("gcra", "ok")]
+            == 1
+        )
+        assert not lim.failing
+    finally:
+        await lim.close()
+
+
+async def test_a_request_decided_alone_is_decided_at_its_decision_time(
+    redis: RedisProcess,
+) -> None:
+    """After a missed deadline the own share is asked with the time of the decision."""
+    proxy = DelayProxy(redis.port, 0.05).start()
+    times = iter([0.0, 0.0, 10.0, 10.0, 10.0, 10.0])
+    lim = _limiter(proxy.url, "redis", uuid.uuid4().hex, lambda: next(times, 10.0),
+                   redis_timeout_ms=2)  # fmt: skip
+    assert isinstance(lim, RedisLimiter)
+    lim._started = True
+    limits = Limits(1.0, 2)
+    try:
+        decision = await lim.decide("k", limits)
+        assert decision.degraded and decision.allowed
+        tat = lim.fallback.table.peek("k")
+        assert tat is not None and tat >= 10.0  # the bucket was charged at 10 s, not at 0
+    finally:
+        await lim.close()
+        proxy.stop()
+
+
 async def test_a_gateway_counts_as_live_for_three_periods_and_at_least_three_seconds(
     redis: RedisProcess,
 ) -> None:

@@ -1,9 +1,7 @@
 """What the three Redis-backed modes share: calls under a deadline, the breaker,
 the fallback share, charge-back and the heartbeats that count live gateways.
 
-A call on the request path gets ``timeout_s`` (``redis_timeout_ms``), plus as long
-again as its own timer fired late when the event loop was busy (at most
-``MAX_GRACE_S``): a busy loop is not a slow Redis. The call
+A call on the request path gets ``timeout_s`` (``redis_timeout_ms``). The call
 is not cancelled when it misses that deadline (cancelling a redis-py call
 throws its connection away): the request is decided on this gateway's share
 at once, the call finishes in the background, and ``on_late`` reconciles its
@@ -48,10 +46,6 @@ from ballast_asgi.ratelimit.stats import RateLimitStats
 
 #: Background calls (heartbeat, sync, give-back, charge-back) may take this long.
 BACKGROUND_TIMEOUT_S = 0.5
-#: A deadline timer that fires later than this tells of a busy event loop, not a slow Redis.
-LOOP_SLACK_S = 0.0005
-#: The most a busy loop adds to a request-path call's deadline.
-MAX_GRACE_S = 0.05
 #: A gateway counts as live for three heartbeat periods, and at least this long.
 MIN_LIVE_TTL_S = 3.0
 
@@ -176,16 +170,7 @@ class SharedBase:
         if self.failing and request_path:
             self._adopt(op, task, on_late, record=True)
             raise Missed("failing")
-        timeout = timeout_s or self.timeout_s
-        start = time.perf_counter()
-        done, _ = await asyncio.wait((task,), timeout=timeout)
-        if not done:
-            late = time.perf_counter() - start - timeout
-            if late > LOOP_SLACK_S:
-                # Our own timer fired late: the event loop was busy, not Redis, and the answer
-                # may already sit in the socket (expired timers run before the loop reads
-                # sockets). Give the loop as long again as it was late to read it.
-                done, _ = await asyncio.wait((task,), timeout=min(2 * late, MAX_GRACE_S))
+        done, _ = await asyncio.wait((task,), timeout=timeout_s or self.timeout_s)
         if not done:
             self.breaker.record(False, self.clock())
             self._adopt(op, task, on_late, record=False)

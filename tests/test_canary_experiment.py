@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.canary import empirical_null, rules, sim, tables
+from experiments.canary import empirical_null, rules, sim, tables, warm
 from experiments.canary.model import NONE, REGRESSIONS, Cell, simulate
 
 
@@ -23,12 +23,18 @@ def test_a_large_cell_runs_in_seeded_chunks(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_small_cell_keeps_its_single_seed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most one chunk of trials: the cell's blocks come from the cell's own seed, as before."""
+    """At most one chunk: the blocks come from the cell's own seed, the history from its own."""
     cell = Cell(200, 0.05, 0.01)
-    got = sim.run_cell(cell, REGRESSIONS[0], 5, seed=9)[0].times
+    result = sim.run_cell(cell, REGRESSIONS[0], 5, seed=9)
     rng = np.random.default_rng(sim._seed(9, cell, REGRESSIONS[0].name))
     blocks = simulate(cell, REGRESSIONS[0], 5, sim.H1_HORIZON_S, rng)
-    assert list(got) == [float(t) for t in rules.sequential(blocks, sim.ALPHA)]
+    history = np.random.default_rng(sim._seed(9, cell, REGRESSIONS[0].name, "history"))
+    calm = warm.regimes(cell, 5, history)
+    assert list(result[0].times) == [float(t) for t in rules.sequential(blocks, sim.ALPHA,
+                                                                       calm=calm)]  # fmt: skip
+    assert result[0].calm == float(calm[0].mean()) and result[1].calm is None
+    fixed = [float(t) for t in rules.fixed_horizon(blocks, sim.ALPHA)]
+    assert list(result[1].times) == fixed  # the baselines see the very same blocks
 
 
 def test_fr_trials_and_rolled_back_come_from_the_results() -> None:

@@ -186,3 +186,34 @@ async def test_canary_routes_follow_the_admin_placement() -> None:
     async with admin:
         doc = (await admin.get("/canary")).json()
     assert doc["state"] == "running" and doc["upstream"] == "http://canary.test"
+
+
+async def test_the_gateway_learns_from_the_stable_history() -> None:
+    """Stable errors spread evenly for 20 simulated s: the history reads calm, the cap is lifted."""
+    clock = FakeClock()
+    up = Versions(clock, step=0.05)
+    history = {"history_ms": 10_000, "window_ms": 1000, "min_events": 10}
+    overrides = {
+        "upstream": "http://stable.test",
+        "canary": {"upstream": "http://canary.test", "weight": 0.1,
+                   "sequential": {"history": history}},
+    }  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "stable.test" and up.calls["stable.test"] % 10 == 9:
+            up.calls["stable.test"] += 1
+            clock.advance(up.step)
+            return httpx.Response(503, json={"version": "stable.test"})
+        return up(request)
+
+    config = load_config(env={}, overrides=overrides)
+    gw = build_gateway(config, transport=httpx.MockTransport(handler), env={}, clock=clock)
+    async with _client(gw) as c:
+        for i in range(400):
+            await c.get("/x", headers={"X-Request-Id": f"r{i}"})
+        doc = (await c.get("/_ballast/canary")).json()
+    learned = doc["statistic"]["stable_history"]
+    assert learned["covered_s"] >= 10.0 and learned["instances"] == 1
+    assert learned["errors"]["regime"] == "calm"
+    assert doc["statistic"]["errors"]["cap_nats"] == 50.0
+    assert doc["state"] == "running"

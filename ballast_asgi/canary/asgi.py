@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ballast_asgi.admin import Route, _allow, _authorized
 from ballast_asgi.canary.blocks import LatencyBaseline, Version
+from ballast_asgi.canary.history import StableHistory
 from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
 from ballast_asgi.canary.pool import canary_selector, canary_urls
 from ballast_asgi.canary.rollout import RampPlan, Rollout, State
@@ -56,8 +57,13 @@ class CanaryRuntime:
         self.config = config
         self.clock = clock
         seq = config.sequential
+        learn = config.rule == "sequential" and seq.history.enabled
+        #: The stable instances' history (the warm start); recorded before and during the canary.
+        self.history = StableHistory(seq.history.params(), clock()) if learn else None
         judge = make_judge(config.rule, alpha=config.alpha, horizon_s=config.horizon_ms / 1000,
-                           error_share=seq.error_share, params=seq.params())  # fmt: skip
+                           error_share=seq.error_share, params=seq.params(),
+                           history=self.history,
+                           calm_cap_nats=seq.history.calm_cap_nats)  # fmt: skip
         plan = RampPlan(config.ramp.steps, config.ramp.step_ms / 1000, config.ramp.min_requests)
         baseline = LatencyBaseline(quantile=config.latency_quantile)
         self.rollout = Rollout(judge, now=clock(), weight=config.weight, plan=plan,
@@ -66,7 +72,7 @@ class CanaryRuntime:
                       rng=rng)  # fmt: skip
         canary = canary_selector(urls, gateway, clock=clock, rng=rng or random.Random())
         self.selector = CanarySelector(stable, canary, self.rollout, split, clock=clock,
-                                       on_record=self._count)  # fmt: skip
+                                       on_record=self._count, history=self.history)  # fmt: skip
         self._metrics(registry)
 
     def _metrics(self, r: CollectorRegistry) -> None:

@@ -46,7 +46,11 @@ above), so ``M_t`` is a nonnegative supermartingale and Ville's inequality
 gives ``P(sup_t M_t >= 1/alpha) <= alpha`` for independent errors: the chance
 of a false rollback stays below ``alpha`` however often the judge looks
 (mixture SPRT: Robbins 1970; Johari et al. 2017; Lindon et al., KDD 2022).
-Under bursts the rate is measured (docs/canary.md), not proved.
+Under bursts the rate is measured (docs/canary.md), not proved. The cap may
+change between blocks (``MixtureEProcess.cap_nats``: the judge lifts it when
+the stable instances' history shows no bursts, ``history.py``); a cap fixed
+before the block it applies to keeps every factor at most the true ratio, so
+the argument above is unchanged.
 Blocks with no events or with traffic on one side only add nothing: low
 traffic makes the judge wait, never fail.
 """
@@ -69,9 +73,9 @@ class EvidenceParams:
     #: Prior weight of relative risk r is proportional to ln(r) ** -prior_power (0: uniform).
     prior_power: float = 2.0
     #: Most a block may add to a component's log e-value, in nats (unless one event adds more).
-    cap_nats: float = 0.6
+    cap_nats: float = 0.5
     #: The one-event allowance is used at most once per this many seconds (0: every block).
-    single_event_gap_s: float = 2.0
+    single_event_gap_s: float = 4.0
 
     def __post_init__(self) -> None:
         if not 1.0 < self.ratio_min <= self.ratio_max:
@@ -134,7 +138,7 @@ def capped_log_ratio(
 class MixtureEProcess:
     """The capped mixture e-process over relative risks for one event kind."""
 
-    __slots__ = ("_last_single", "_log_w", "_sums", "blocks", "params", "ratios")
+    __slots__ = ("_last_single", "_log_w", "_sums", "blocks", "cap_nats", "params", "ratios")
 
     def __init__(self, params: EvidenceParams = DEFAULT_PARAMS) -> None:
         self.params = params
@@ -144,6 +148,8 @@ class MixtureEProcess:
         self._last_single = [-math.inf] * len(self.ratios)
         #: Blocks that carried evidence (events on a block with traffic on both sides).
         self.blocks = 0
+        #: The per-block cap now (the judge lifts it when the stable history shows no bursts).
+        self.cap_nats = params.cap_nats
 
     def update(self, events_c: int, events_s: int, share_c: float, at: float = 0.0) -> None:
         """Add one block (starting at ``at`` s): events per side, the canary's share of trials."""
@@ -151,7 +157,7 @@ class MixtureEProcess:
         if events <= 0 or not 0.0 < share_c < 1.0:
             return
         self.blocks += 1
-        cap, gap = self.params.cap_nats, self.params.single_event_gap_s
+        cap, gap = self.cap_nats, self.params.single_event_gap_s
         for k, ratio in enumerate(self.ratios):
             free = at - self._last_single[k] >= gap
             add = capped_log_ratio(events_c, events, share_c, ratio, cap, free)

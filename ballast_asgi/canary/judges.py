@@ -32,11 +32,14 @@ from typing import Any, Literal, Protocol
 
 from ballast_asgi.canary.blocks import Block
 from ballast_asgi.canary.evidence import DEFAULT_PARAMS, EvidenceParams, MixtureEProcess
+from ballast_asgi.canary.history import Regime, StableHistory
 
 RuleName = Literal["sequential", "fixed_horizon", "threshold"]
 RULES: tuple[str, ...] = ("sequential", "fixed_horizon", "threshold")
 #: The share of alpha the sequential judge spends on errors (the rest on latency).
 ERROR_SHARE = 0.8
+#: The per-block cap once the stable history shows no bursts (50 nats: no cap in practice).
+CALM_CAP_NATS = 50.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,13 @@ def _share(part: int, other: int) -> float:
 
 
 class SequentialJudge:
-    """Anytime-valid: capped mixture e-processes on errors and on slow requests."""
+    """Anytime-valid: capped mixture e-processes on errors and on slow requests.
+
+    With a ``history`` (the stable instances', ``history.py``) the judge learns,
+    once the history suffices, whether events come in bursts; a metric found
+    ``calm`` has its cap lifted to ``calm_cap_nats`` from the next block on
+    (decided from the past only, so the guarantee for independent errors holds).
+    """
 
     name = "sequential"
 
@@ -110,6 +119,8 @@ class SequentialJudge:
         alpha: float = 0.01,
         error_share: float = ERROR_SHARE,
         params: EvidenceParams = DEFAULT_PARAMS,
+        history: StableHistory | None = None,
+        calm_cap_nats: float = CALM_CAP_NATS,
     ) -> None:
         if not 0.0 < alpha < 1.0 or not 0.0 < error_share < 1.0:
             raise ValueError("alpha and error_share must be in (0, 1)")
@@ -119,6 +130,17 @@ class SequentialJudge:
         self.errors = MixtureEProcess(params)
         self.latency = MixtureEProcess(params)
         self.totals = Totals()
+        self.history = history
+        self.calm_cap_nats = max(calm_cap_nats, params.cap_nats)
+
+    def learn(self, now: float) -> None:
+        """Lift a metric's cap if the stable history (complete by ``now``) shows no bursts."""
+        if self.history is None:
+            return
+        regimes = self.history.decide(now)
+        for metric, proc in (("errors", self.errors), ("latency", self.latency)):
+            if regimes[metric] is Regime.CALM:
+                proc.cap_nats = self.calm_cap_nats
 
     def update(self, block: Block) -> Verdict | None:
         """Add the block to both e-processes; roll back when one crosses its bound."""
@@ -131,6 +153,7 @@ class SequentialJudge:
             return Verdict("errors", self.statistic())
         if self.latency.log_e >= self.log_bound_latency:
             return Verdict("latency", self.statistic())
+        self.learn(block.end)
         return None
 
     def statistic(self) -> dict[str, Any]:
@@ -141,6 +164,7 @@ class SequentialJudge:
             "errors": _eprocess_doc(self.errors, self.log_bound_errors),
             "latency": _eprocess_doc(self.latency, self.log_bound_latency),
             "counts": self.totals.as_dict(),
+            "stable_history": None if self.history is None else self.history.snapshot(),
         }
 
     def may_promote(self) -> bool:
@@ -154,6 +178,7 @@ def _eprocess_doc(proc: MixtureEProcess, bound: float) -> dict[str, Any]:
         "log_bound": round(bound, 4),
         "blocks_with_evidence": proc.blocks,
         "leading_ratio": round(proc.best_ratio(), 3),
+        "cap_nats": proc.cap_nats,
     }
 
 
@@ -266,10 +291,13 @@ def make_judge(
     horizon_s: float = 600.0,
     error_share: float = ERROR_SHARE,
     params: EvidenceParams = DEFAULT_PARAMS,
+    history: StableHistory | None = None,
+    calm_cap_nats: float = CALM_CAP_NATS,
 ) -> Judge:
     """The judge for a rule name (``sequential``, ``fixed_horizon``, ``threshold``)."""
     if rule == "sequential":
-        return SequentialJudge(alpha=alpha, error_share=error_share, params=params)
+        return SequentialJudge(alpha=alpha, error_share=error_share, params=params,
+                               history=history, calm_cap_nats=calm_cap_nats)  # fmt: skip
     if rule == "fixed_horizon":
         return FixedHorizonJudge(alpha=alpha, horizon_s=horizon_s)
     if rule == "threshold":
@@ -278,6 +306,7 @@ def make_judge(
 
 
 __all__ = [
+    "CALM_CAP_NATS",
     "ERROR_SHARE",
     "RULES",
     "FixedHorizonJudge",

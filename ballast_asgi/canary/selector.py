@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ballast_asgi.canary.blocks import Version
+from ballast_asgi.canary.history import StableHistory
 from ballast_asgi.canary.rollout import Rollout, State
 from ballast_asgi.canary.split import Split
 from ballast_asgi.core.outcome import AttemptOutcome
@@ -66,6 +67,7 @@ class CanarySelector:
         *,
         clock: Clock = time.monotonic,
         on_record: RecordHook | None = None,
+        history: StableHistory | None = None,
     ) -> None:
         self.stable = stable
         self.canary = canary
@@ -73,6 +75,7 @@ class CanarySelector:
         self.split = split
         self.clock = clock
         self._on_record = on_record
+        self.history = history
 
     def assign(self, headers: RawHeaders) -> Assignment:
         """A request's assignment (its key; the version is decided per attempt)."""
@@ -112,15 +115,27 @@ class CanarySelector:
         (self.canary if version is Version.CANARY else self.stable).report(
             upstream, outcome, rtt_s, now
         )
-        if self.rollout.state is not State.RUNNING:
-            return
         failed = outcome in _FAILED
         if not failed and outcome is not AttemptOutcome.SUCCESS:
             return
         latency = None if failed else rtt_s
+        if version is Version.STABLE:
+            self._remember(upstream, failed, latency, now)
+        if self.rollout.state is not State.RUNNING:
+            return
         self.rollout.record(version, failed, latency, now)
         if self._on_record is not None:
             self._on_record(version, failed, latency)
+
+    def _remember(
+        self, upstream: Upstream, failed: bool, latency: float | None, now: float
+    ) -> None:
+        """One stable attempt into the per-instance history (before, during and after a canary)."""
+        if self.history is None:
+            return
+        line = self.rollout.recorder.baseline.threshold_s
+        slow = None if failed or latency is None or line is None else latency > line
+        self.history.record(upstream.display, failed, slow, now)
 
     def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
         """Pass a body's end to the version's selector (the judge counted the head)."""

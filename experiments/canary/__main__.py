@@ -3,6 +3,8 @@
     python -m experiments.canary            # simulation (300 trials) + live run, docs/canary.md
     python -m experiments.canary --trials 50 --no-live   # a quick look, writes runs/ only
     python -m experiments.canary --fr-trials 3000        # 3,000 trials per false-rollback cell
+    python -m experiments.canary --fr-trials 3000 --fr-trials-for independent=300
+                                 # 300 in the independent cells (bounded by the theorem)
 
 The simulation is pure and seeded (two worker processes); the live run
 starts two simulators and the gateway on loopback (``live.py``).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -32,14 +35,37 @@ def _job(args: tuple[Any, Any, int, int]) -> list[sim.Result]:
     return sim.run_cell(cell, reg, trials, seed)
 
 
-def simulate_all(trials: int, seed: int, workers: int, fr_trials: int) -> list[sim.Result]:
-    """Every cell of both grids (``fr_trials`` per false-rollback cell), over ``workers``."""
-    jobs = [(c, NONE, fr_trials, seed) for c in sim.h0_cells()]
+def parse_plan(items: Sequence[str]) -> dict[tuple[str, int | None], int]:
+    """``MODEL[:RPS]=N`` items (e.g. ``independent=300``, ``bursty:2000=1000``) as a dict."""
+    plan: dict[tuple[str, int | None], int] = {}
+    for item in items:
+        key, _, n = item.partition("=")
+        model, _, rps = key.partition(":")
+        if model not in sim.MODELS or not n.isdigit() or (rps and not rps.isdigit()):
+            raise SystemExit(f"--fr-trials-for: expected MODEL[:RPS]=N, got {item!r}")
+        plan[(model, int(rps) if rps else None)] = int(n)
+    return plan
+
+
+def trials_for(cell: Any, default: int, plan: dict[tuple[str, int | None], int]) -> int:
+    """Trials of one false-rollback cell: the most specific plan entry, else ``default``."""
+    return plan.get((cell.model, cell.rps), plan.get((cell.model, None), default))
+
+
+def simulate_all(
+    trials: int, seed: int, workers: int, fr_trials: int,
+    plan: dict[tuple[str, int | None], int] | None = None,
+    partial: Path | None = None,
+) -> list[sim.Result]:  # fmt: skip
+    """Every cell of both grids (``fr_trials`` per false-rollback cell, or ``plan``'s)."""
+    jobs = [(c, NONE, trials_for(c, fr_trials, plan or {}), seed) for c in sim.h0_cells()]
     jobs += [(c, r, trials, seed) for c, r in sim.h1_cells()]
     results: list[sim.Result] = []
     with ProcessPoolExecutor(workers) as pool:
         for i, out in enumerate(pool.map(_job, jobs)):
             results.extend(out)
+            if partial is not None:  # what ran so far (fr_report reads it if the run is cut)
+                partial.write_bytes(pickle.dumps(results))
             print(f"\rsimulation: cell {i + 1}/{len(jobs)}", end="", flush=True)
     print()
     return results
@@ -50,8 +76,10 @@ def _explore(args: argparse.Namespace, out: Path) -> list[empirical_null.Row]:
     saved = args.reuse / "empirical_null.pkl" if args.reuse is not None else None
     if saved is not None and saved.exists():
         rows: list[empirical_null.Row] = pickle.loads(saved.read_bytes())
-    else:
+    elif args.explore:
         rows = empirical_null.explore(empirical_null.TRIALS, args.seed)
+    else:
+        return []
     (out / "empirical_null.pkl").write_bytes(pickle.dumps(rows))
     return rows
 
@@ -62,13 +90,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--fr-trials", type=int, default=None,
                    help="trials per false-rollback cell, all 96 (default: --trials)")  # fmt: skip
+    p.add_argument("--fr-trials-for", action="append", default=[], metavar="MODEL[:RPS]=N",
+                   help="trials for some false-rollback cells, e.g. independent=300")  # fmt: skip
+    p.add_argument("--explore", action="store_true",
+                   help="also run the empirical-null variants (empirical_null.py)")  # fmt: skip
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-live", action="store_true", help="skip the live gateway run")
     p.add_argument("--live-good-seconds", type=float, default=600.0,
                    help="how long the identical canary runs live (600)")  # fmt: skip
+    p.add_argument("--live-history-ms", type=int, default=30_000,
+                   help="the live gateway's sequential.history.history_ms (30000)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--reuse", type=Path, default=None, help="a runs/canary-* dir: skip the sim")
+    p.add_argument(
+        "--sim-command",
+        default=None,
+        help="with --reuse: the command that ran the simulation (quoted in the docs)",
+    )
     p.add_argument("--live-from", type=Path, default=None,
                    help="a runs/canary-* dir: reuse its live run")  # fmt: skip
     p.add_argument("--docs", type=Path, default=ROOT / "docs" / "canary.md")
@@ -79,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reuse is not None:
         results, sim_s, sweep = pickle.loads((args.reuse / "results.pkl").read_bytes())
     else:
-        results = simulate_all(args.trials, args.seed, args.workers, args.fr_trials or args.trials)
+        results = simulate_all(args.trials, args.seed, args.workers, args.fr_trials or args.trials,
+                               parse_plan(args.fr_trials_for), out / "partial.pkl")  # fmt: skip
         sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
     (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
@@ -90,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif not args.no_live:
         from experiments.canary import live as live_run
 
-        live = live_run.run_all(args.live_good_seconds)
+        live = live_run.run_all(args.live_good_seconds, args.live_history_ms)
     doc = {"trials": args.trials, "fr_trials": sim.fr_trials(results), "seed": args.seed,
            "simulation_s": sim_s, "live": live,
            "results": [r.as_dict() for r in results],
@@ -98,8 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
            "empirical_null": [asdict(r) | {"pp5_median_s": {f"{k[0]} rps, {k[1]}": v
                               for k, v in r.pp5_median_s.items()}} for r in explored]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1))
+    command = " ".join(["python -m experiments.canary", *(argv if argv is not None else
+                                                          sys.argv[1:])])  # fmt: skip
+    if args.reuse is not None:
+        command = args.sim_command or command
     text = report.render(results, sweep, live, trials=args.trials, seed=args.seed, sim_s=sim_s,
-                         explored=explored)  # fmt: skip
+                         explored=explored, command=command)  # fmt: skip
     (out / "canary.md").write_text(text)
     if args.trials >= 300 and live is not None:
         args.docs.write_text(text)

@@ -15,7 +15,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ballast_asgi.canary.evidence import DEFAULT_PARAMS, EvidenceParams
-from ballast_asgi.canary.judges import ERROR_SHARE
+from ballast_asgi.canary.judges import CALM_CAP_NATS, ERROR_SHARE
 from experiments.canary.model import Blocks
 
 
@@ -69,20 +69,38 @@ def _crossing(
     return out
 
 
+def _caps(calm: np.ndarray | None, shape: tuple[int, ...], params: EvidenceParams,
+          calm_cap: float) -> np.ndarray | None:  # fmt: skip
+    """Per trial and block: the calm cap where the stable history showed no bursts."""
+    if calm is None:
+        return None
+    per_trial = np.where(calm, max(calm_cap, params.cap_nats), params.cap_nats)
+    return np.broadcast_to(per_trial[:, None], shape)
+
+
 def sequential(
     b: Blocks,
     alpha: float,
     error_share: float = ERROR_SHARE,
     params: EvidenceParams = DEFAULT_PARAMS,
+    calm: tuple[np.ndarray, np.ndarray] | None = None,
+    calm_cap: float = CALM_CAP_NATS,
 ) -> np.ndarray:
-    """Our rule: errors at ``alpha * error_share``, slow requests at the rest; first to cross."""
+    """Our rule: errors at ``alpha * error_share``, slow requests at the rest; first to cross.
+
+    ``calm``: per trial, whether the stable history (``warm.py``) showed no bursts
+    on errors and on latency; those trials' metric runs at ``calm_cap`` from the
+    first block (None: the cap everywhere, as without a warm start).
+    """
+    shape = b.errors_c.shape
+    cal_e, cal_l = (None, None) if calm is None else calm
     err = _crossing(
         b.errors_c, b.errors_s, _share(b.requests_c, b.requests_s),
-        -math.log(alpha * error_share), params,
+        -math.log(alpha * error_share), params, _caps(cal_e, shape, params, calm_cap),
     )  # fmt: skip
     lat = _crossing(
         b.slow_c, b.slow_s, _share(b.timed_c, b.timed_s),
-        -math.log(alpha * (1.0 - error_share)), params,
+        -math.log(alpha * (1.0 - error_share)), params, _caps(cal_l, shape, params, calm_cap),
     )  # fmt: skip
     first: np.ndarray = np.minimum(err, lat)
     return first
@@ -118,9 +136,17 @@ def threshold(
     return np.where(hit.any(axis=1), first, np.inf)
 
 
-def apply(rule: str, b: Blocks, alpha: float) -> np.ndarray:
-    """Rollback times of every trial under ``rule`` (the baselines at their defaults)."""
+def apply(
+    rule: str, b: Blocks, alpha: float, calm: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
+    """Rollback times of every trial under ``rule`` (the baselines at their defaults).
+
+    ``calm``: the sequential rule's warm start (per trial, from ``warm.regimes``);
+    ``sequential_cold`` is the same rule without it (the cap everywhere).
+    """
     if rule == "sequential":
+        return sequential(b, alpha, calm=calm)
+    if rule == "sequential_cold":
         return sequential(b, alpha)
     if rule == "fixed_horizon":
         return fixed_horizon(b, alpha)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ballast_asgi.canary.evidence import DEFAULT_PARAMS
-from experiments.canary import rules
+from experiments.canary import rules, warm
 from experiments.canary.model import NONE, REGRESSIONS, Cell, Regression, simulate
 
 RPS = (200, 2000)
@@ -40,6 +40,8 @@ class Result:
     regression: str
     rule: str
     times: tuple[float, ...]
+    #: Share of trials whose stable history read calm on errors (sequential rule only).
+    calm: float | None = None
 
     @property
     def rate(self) -> float:
@@ -60,7 +62,8 @@ class Result:
         """JSON-safe summary (no per-trial times)."""
         return {**asdict(self.cell), "regression": self.regression, "rule": self.rule,
                 "trials": len(self.times), "rolled_back": self.rolled_back,
-                "rate": self.rate, "median_s": _json_float(self.median_s)}  # fmt: skip
+                "rate": self.rate, "median_s": _json_float(self.median_s),
+                "calm_errors": self.calm}  # fmt: skip
 
 
 def _json_float(x: float) -> float | None:
@@ -78,18 +81,29 @@ CHUNK = 500
 def run_cell(cell: Cell, reg: Regression, trials: int, seed: int) -> list[Result]:
     """Simulate one cell once and apply every rule to the same blocks.
 
+    The sequential rule also gets each trial's warm start (``warm.py``: 10
+    minutes of stable history, drawn from its own seed, so the blocks are the
+    same as without it).
+
     Up to ``CHUNK`` trials are drawn at once from the cell's seed; more are
     drawn in chunks, each from its own seed (the cell's, plus the chunk's index).
     """
     horizon = H0_HORIZON_S if reg.name == "none" else H1_HORIZON_S
     times: dict[str, list[float]] = {rule: [] for rule in RULES}
+    calm_errors: list[bool] = []
     for i, start in enumerate(range(0, trials, CHUNK if trials > CHUNK else trials)):
         parts = (cell, reg.name) if trials <= CHUNK else (cell, reg.name, "chunk", i)
         rng = np.random.default_rng(_seed(seed, *parts))
         blocks = simulate(cell, reg, min(CHUNK, trials - start), horizon, rng)
+        history_rng = np.random.default_rng(_seed(seed, *parts, "history"))
+        calm = warm.regimes(cell, min(CHUNK, trials - start), history_rng)
+        calm_errors.extend(bool(x) for x in calm[0])
         for rule in RULES:
-            times[rule].extend(float(t) for t in rules.apply(rule, blocks, ALPHA))
-    return [Result(cell, reg.name, rule, tuple(times[rule])) for rule in RULES]
+            times[rule].extend(float(t) for t in rules.apply(rule, blocks, ALPHA, calm))
+    calm_share = sum(calm_errors) / len(calm_errors)
+    return [Result(cell, reg.name, rule, tuple(times[rule]),
+                   calm_share if rule == "sequential" else None)
+            for rule in RULES]  # fmt: skip
 
 
 def fr_trials(results: list[Result]) -> int:
@@ -117,7 +131,7 @@ def h1_cells() -> Iterator[tuple[Cell, Regression]]:
 
 
 #: The caps the sweep compares (the default is one of them).
-SWEEP_CAPS = (0.3, 0.6, 1.0, 1.5)
+SWEEP_CAPS = (0.3, 0.5, 1.0, 1.5)
 
 
 @dataclass(frozen=True)

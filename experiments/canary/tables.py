@@ -158,27 +158,51 @@ def fr_verdict(h0: list[Result]) -> str:
     return "Target 1 is met: no cell measured above 1 %."
 
 
-def reading_numbers(
-    results: Iterable[Result], sweep: Iterable[SweepRow], trials: int
-) -> dict[str, str]:
-    """Pooled and worst false-rollback rates of ours and the sweep's fastest cap, for the text."""
+def fr_plan(results: Iterable[Result]) -> str:
+    """How many trials each part of the false-rollback grid ran, in words."""
+    groups: dict[tuple[str, int, int], int] = {}
+    for r in results:
+        if r.rule == "sequential" and r.regression == "none":
+            key = (r.cell.model, r.cell.rps, len(r.times))
+            groups[key] = groups.get(key, 0) + 1
+    merged: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for (model, rps, n), cells in groups.items():
+        merged.setdefault((model, n), []).append((rps, cells))
+    parts = []
+    for (model, n), where in sorted(merged.items(), key=lambda kv: -kv[0][1]):
+        cells = sum(c for _, c in where)
+        at = " and ".join(f"{rps:,}" for rps, _ in sorted(where))
+        parts.append(f"{n:,} trials in each of the {cells} {model} cells at {at} rps")
+    return ", ".join(parts) if parts else "no false-rollback cells"
+
+
+def _pp5(results: Iterable[Result], rps: int, share: float) -> list[Result]:
+    return [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
+            and r.cell.rps == rps and r.cell.share == share]  # fmt: skip
+
+
+def reading_numbers(results: Iterable[Result]) -> dict[str, str]:
+    """Pooled and worst false-rollback rates of ours, the detection numbers, for the text."""
+    results = list(results)
     h0 = [r for r in results if r.rule == "sequential" and r.regression == "none"]
     ind = [r.rate for r in h0 if r.cell.model == "independent"]
     ind_worst = max((r for r in h0 if r.cell.model == "independent"), key=lambda r: r.rate)
     bur = [r for r in h0 if r.cell.model == "bursty"]
     worst = max(bur, key=lambda r: r.rate)
-    k = round(worst.rate * len(worst.times))
-    lo, hi = _wilson(k, len(worst.times))
-    fastest = max(sweep, key=lambda r: r.cap)
-    sparse = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
-              and (r.cell.rps, r.cell.share, r.cell.base_error) == (200, 0.01, 0.001)]  # fmt: skip
+    lo, hi = _wilson(worst.rolled_back, len(worst.times))
     cis = [_wilson(r.rolled_back, len(r.times)) for r in h0]
-    n = max(len(r.times) for r in h0)
+    low, high = _pp5(results, 200, 0.01), _pp5(results, 2000, 0.01)
+    at2 = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
+           and r.cell.base_error == 0.02 and r.calm is not None]  # fmt: skip
+    calm = sum((r.calm or 0.0) * len(r.times) for r in at2) / max(1, sum(len(r.times) for r in at2))
+
+    def med(rs: list[Result]) -> str:
+        w = max(rs, key=lambda r: r.median_s)
+        return f"{w.median_s:.0f} s at worst (at a {100 * w.cell.base_error:g} % base)"
+
     return {
-        "fr_trials": str(max(len(r.times) for r in h0)),
+        "fr_plan": fr_plan(results),
         "fr_verdict": fr_verdict(h0),
-        "fr_cells_run": str(len(h0)),
-        "fr_ci_1pct": "{} - {}".format(*map(_pct, _wilson(n // 100, n))),
         "ind_worst": f"{_pct(ind_worst.rate)} ({_cell(ind_worst)})",
         "bur_worst_cell": _cell(worst),
         "fr_cells_above": str(sum(lo > 0.01 for lo, _ in cis)),
@@ -187,11 +211,10 @@ def reading_numbers(
         "ind_pooled": _pct(sum(ind) / len(ind)),
         "bur_pooled": _pct(sum(r.rate for r in bur) / len(bur)),
         "bur_worst": _pct(worst.rate),
-        "bur_worst_k": str(k),
+        "bur_worst_k": str(worst.rolled_back),
+        "bur_worst_n": f"{len(worst.times):,}",
         "bur_ci": f"{_pct(lo)} - {_pct(hi)}",
-        "trials": str(trials),
-        "sweep_fast": _pct(fastest.worst_false),
-        "fast_cap": f"{fastest.cap:g}",
-        "fast_s": f"{fastest.pp5_median_s[0.01]:.0f} s",
-        "sparse_s": f"{sparse[0].median_s:.0f} s" if sparse else "-",
+        "calm_ind": _pct(calm),
+        "low_s": med(low) if low else "-",
+        "high_s": med(high) if high else "-",
     }

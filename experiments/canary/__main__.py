@@ -35,26 +35,38 @@ def _job(args: tuple[Any, Any, int, int]) -> list[sim.Result]:
     return sim.run_cell(cell, reg, trials, seed)
 
 
-def parse_plan(items: Sequence[str]) -> dict[tuple[str, int | None], int]:
-    """``MODEL[:RPS]=N`` items (e.g. ``independent=300``, ``bursty:2000=1000``) as a dict."""
-    plan: dict[tuple[str, int | None], int] = {}
+PlanKey = tuple[str, bool | None, int | None]
+
+
+def parse_plan(items: Sequence[str]) -> dict[PlanKey, int]:
+    """``MODEL[+outage|-outage][:RPS]=N`` items (e.g. ``independent=300``) as a dict."""
+    plan: dict[PlanKey, int] = {}
     for item in items:
         key, _, n = item.partition("=")
         model, _, rps = key.partition(":")
-        if model not in sim.MODELS or not n.isdigit() or (rps and not rps.isdigit()):
-            raise SystemExit(f"--fr-trials-for: expected MODEL[:RPS]=N, got {item!r}")
-        plan[(model, int(rps) if rps else None)] = int(n)
+        model, sign, rest = model.partition("+") if "+" in model else model.partition("-")
+        outage = None if not sign else sign == "+"
+        ok = model in sim.MODELS and n.isdigit() and (not rps or rps.isdigit())
+        if not ok or (sign and rest != "outage"):
+            raise SystemExit(
+                f"--fr-trials-for: expected MODEL[+outage|-outage][:RPS]=N, got {item!r}"
+            )
+        plan[(model, outage, int(rps) if rps else None)] = int(n)
     return plan
 
 
-def trials_for(cell: Any, default: int, plan: dict[tuple[str, int | None], int]) -> int:
+def trials_for(cell: Any, default: int, plan: dict[PlanKey, int]) -> int:
     """Trials of one false-rollback cell: the most specific plan entry, else ``default``."""
-    return plan.get((cell.model, cell.rps), plan.get((cell.model, None), default))
+    for key in ((cell.model, cell.outage, cell.rps), (cell.model, cell.outage, None),
+                (cell.model, None, cell.rps), (cell.model, None, None)):  # fmt: skip
+        if key in plan:
+            return plan[key]
+    return default
 
 
 def simulate_all(
     trials: int, seed: int, workers: int, fr_trials: int,
-    plan: dict[tuple[str, int | None], int] | None = None,
+    plan: dict[PlanKey, int] | None = None,
     partial: Path | None = None,
 ) -> list[sim.Result]:  # fmt: skip
     """Every cell of both grids (``fr_trials`` per false-rollback cell, or ``plan``'s)."""
@@ -90,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--fr-trials", type=int, default=None,
                    help="trials per false-rollback cell, all 96 (default: --trials)")  # fmt: skip
-    p.add_argument("--fr-trials-for", action="append", default=[], metavar="MODEL[:RPS]=N",
+    p.add_argument("--fr-trials-for", action="append", default=[],
+                   metavar="MODEL[+outage|-outage][:RPS]=N",
                    help="trials for some false-rollback cells, e.g. independent=300")  # fmt: skip
     p.add_argument("--explore", action="store_true",
                    help="also run the empirical-null variants (empirical_null.py)")  # fmt: skip
@@ -123,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sweep = sim.cap_sweep(args.trials, args.seed)
         sim_s = time.monotonic() - started
     (out / "results.pkl").write_bytes(pickle.dumps((results, sim_s, sweep)))
+    args.trials = max((len(r.times) for r in results if r.regression != "none"), default=0)
     explored = _explore(args, out)
     live: dict[str, Any] | None = None
     if args.live_from is not None:

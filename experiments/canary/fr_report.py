@@ -26,10 +26,11 @@ def render(results: list[Result], source: str, note: str = "") -> str:
     lines = [
         "# Canary: false rollbacks of the sequential rule, every cell with its interval",
         "",
-        f"From `{source}`: {fr_trials(seq)} seeded trials per cell (seed 20261201), "
-        f"{len(seq)} of the 96 cells (the grid runs in a fixed order; the cells not "
-        "reached read 'not run'). Identical canary, 10 simulated minutes, alpha 0.01."
-        + (f" {note}" if note else ""),
+        f"From `{source}`: {tables.fr_plan(seq)} (seed 20261201; at most "
+        f"{fr_trials(seq)} per cell), {len(seq)} of the 96 cells (the grid runs in a fixed "
+        "order; the cells not reached read 'not run'). Identical canary, 10 simulated "
+        "minutes, alpha 0.01; the sequential rule with its warm start (10 minutes of stable "
+        "history per trial)." + (f" {note}" if note else ""),
         "",
         tables.fr_verdict(seq),
         "",

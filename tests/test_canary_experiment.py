@@ -130,7 +130,8 @@ def test_the_false_rollback_page_states_target_one_and_every_cell() -> None:
     from experiments.canary import fr_report
 
     text = fr_report.render(_grid({60: 34}, cells=85), "partial.pkl")
-    assert "From `partial.pkl`: 3000 seeded trials per cell" in text
+    assert "From `partial.pkl`: 3,000 trials in each of the 48 independent cells" in text
+    assert "3,000 trials in each of the 37 bursty cells at 200 and 2,000 rps" in text
     assert "85 of the 96 cells" in text and text.count("not run") == 11 + 2
     assert "Target 1 is missed as stated (1 cell(s) measured above 1 %; 11 cell(s) not run)" in text
     assert "| bursty | 37 | 34 / 111000 = 0.03 % |" in text

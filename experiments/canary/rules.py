@@ -25,6 +25,62 @@ def _share(part: np.ndarray, other: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Mixture:
+    """One metric's capped mixture over all trials, stepped block by block."""
+
+    def __init__(
+        self,
+        events_c: np.ndarray,
+        events_s: np.ndarray,
+        share: np.ndarray,
+        log_bound: float,
+        params: EvidenceParams,
+        caps: np.ndarray | None = None,
+        scale: np.ndarray | None = None,
+    ) -> None:
+        ratios = np.asarray(params.ratios())
+        self.ratios, self.log_r = ratios, np.log(ratios)
+        self.log_w = np.asarray(params.log_weights())
+        self.cap, self.gap, self.log_bound = params.cap_nats, params.single_event_gap_s, log_bound
+        self.events_c, self.share, self.caps, self.scale = events_c, share, caps, scale
+        self.events = events_c + events_s
+        self.live = (self.events > 0) & (share > 0.0) & (share < 1.0)
+        trials = events_c.shape[0]
+        self.sums = np.zeros((trials, len(ratios)))
+        self.last = np.full((trials, len(ratios)), -np.inf)
+        self.out = np.full(trials, np.inf)
+
+    def step(self, t: int) -> None:
+        """Add block ``t``; trials whose e-value first reaches the bound cross at ``t + 1``."""
+        on = self.live[:, t]
+        if not on.any():
+            return
+        drag = self.events[on, t, None] * np.log1p(self.share[on, t, None] * (self.ratios - 1.0))
+        single = np.where(t - self.last[on] >= self.gap, self.log_r - drag, -np.inf)
+        c = self.cap if self.caps is None else self.caps[on, t, None]
+        add = np.minimum(self.events_c[on, t, None] * self.log_r - drag, np.maximum(c, single))
+        self.last[on] = np.where(add > c, float(t), self.last[on])
+        self.sums[on] += add if self.scale is None else add / self.scale[on, t, None]
+        sums = self.sums[on]  # only these changed
+        top = sums.max(axis=1)
+        log_e = top + np.log(np.exp(sums - top[:, None] + self.log_w).sum(axis=1))
+        out = self.out[on]
+        self.out[on] = np.where((log_e >= self.log_bound) & np.isinf(out), t + 1.0, out)
+
+
+def _first(metrics: list[_Mixture]) -> np.ndarray:
+    """Per trial, the first second at which any metric crossed (stops once every trial has)."""
+    seconds = metrics[0].events_c.shape[1]
+    first = np.full(metrics[0].out.shape, np.inf)
+    for t in range(seconds):
+        for m in metrics:
+            m.step(t)
+        first = np.min([m.out for m in metrics], axis=0)
+        if np.isfinite(first).all():
+            break
+    return first
+
+
 def _crossing(
     events_c: np.ndarray,
     events_s: np.ndarray,
@@ -42,31 +98,7 @@ def _crossing(
     ``params.cap_nats`` and each block's gain is divided by ``scale``: the
     variants ``empirical_null.py`` explores (the judge uses neither).
     """
-    ratios = np.asarray(params.ratios())
-    log_r, log_w = np.log(ratios), np.asarray(params.log_weights())
-    cap, gap = params.cap_nats, params.single_event_gap_s
-    trials, seconds = events_c.shape
-    events = events_c + events_s
-    live = (events > 0) & (share > 0.0) & (share < 1.0)
-    sums = np.zeros((trials, len(ratios)))
-    last = np.full((trials, len(ratios)), -np.inf)
-    out = np.full(trials, np.inf)
-    for t in range(seconds):
-        on = live[:, t]
-        if not on.any():
-            continue
-        drag = events[on, t, None] * np.log1p(share[on, t, None] * (ratios - 1.0))
-        single = np.where(t - last[on] >= gap, log_r - drag, -np.inf)
-        c = cap if caps is None else caps[on, t, None]
-        add = np.minimum(events_c[on, t, None] * log_r - drag, np.maximum(c, single))
-        last[on] = np.where(add > c, float(t), last[on])
-        sums[on] += add if scale is None else add / scale[on, t, None]
-        top = sums.max(axis=1)
-        log_e = top + np.log(np.exp(sums - top[:, None] + log_w).sum(axis=1))
-        out = np.where((log_e >= log_bound) & np.isinf(out), t + 1.0, out)
-        if np.isfinite(out).all():
-            break
-    return out
+    return _first([_Mixture(events_c, events_s, share, log_bound, params, caps, scale)])
 
 
 def _caps(calm: np.ndarray | None, shape: tuple[int, ...], params: EvidenceParams,
@@ -94,16 +126,15 @@ def sequential(
     """
     shape = b.errors_c.shape
     cal_e, cal_l = (None, None) if calm is None else calm
-    err = _crossing(
+    err = _Mixture(
         b.errors_c, b.errors_s, _share(b.requests_c, b.requests_s),
         -math.log(alpha * error_share), params, _caps(cal_e, shape, params, calm_cap),
     )  # fmt: skip
-    lat = _crossing(
+    lat = _Mixture(
         b.slow_c, b.slow_s, _share(b.timed_c, b.timed_s),
         -math.log(alpha * (1.0 - error_share)), params, _caps(cal_l, shape, params, calm_cap),
     )  # fmt: skip
-    first: np.ndarray = np.minimum(err, lat)
-    return first
+    return _first([err, lat])  # both metrics in one pass: stops once every trial rolled back
 
 
 def fixed_horizon(b: Blocks, alpha: float, horizon_s: int = 600) -> np.ndarray:

@@ -176,6 +176,12 @@ def fr_plan(results: Iterable[Result]) -> str:
     return ", ".join(parts) if parts else "no false-rollback cells"
 
 
+def _mean_calm(results: list[Result]) -> float:
+    """Share of the trials (over these cells) whose stable history read calm on errors."""
+    n = sum(len(r.times) for r in results if r.calm is not None)
+    return sum((r.calm or 0.0) * len(r.times) for r in results) / max(1, n)
+
+
 def _pp5(results: Iterable[Result], rps: int, share: float) -> list[Result]:
     return [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
             and r.cell.rps == rps and r.cell.share == share]  # fmt: skip
@@ -194,7 +200,7 @@ def reading_numbers(results: Iterable[Result]) -> dict[str, str]:
     low, high = _pp5(results, 200, 0.01), _pp5(results, 2000, 0.01)
     at2 = [r for r in results if r.rule == "sequential" and r.regression == "+5 pp errors"
            and r.cell.base_error == 0.02 and r.calm is not None]  # fmt: skip
-    calm = sum((r.calm or 0.0) * len(r.times) for r in at2) / max(1, sum(len(r.times) for r in at2))
+    calm = _mean_calm(at2)
 
     def med(rs: list[Result]) -> str:
         w = max(rs, key=lambda r: r.median_s)
@@ -215,6 +221,8 @@ def reading_numbers(results: Iterable[Result]) -> dict[str, str]:
         "bur_worst_n": f"{len(worst.times):,}",
         "bur_ci": f"{_pct(lo)} - {_pct(hi)}",
         "calm_ind": _pct(calm),
+        "bur_calm": _pct(_mean_calm(bur)),
+        "bur_calm_max": _pct(max((r.calm or 0.0 for r in bur), default=0.0)),
         "low_s": med(low) if low else "-",
         "high_s": med(high) if high else "-",
     }

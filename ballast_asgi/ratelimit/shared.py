@@ -184,13 +184,16 @@ class SharedBase:
     def _outcome(self, exc: BaseException | None, *, record: bool) -> None:
         """A call ended (``exc`` None: it succeeded): tell the breaker (unless a missed
         deadline already did), track ``failing``, and flush pending charge-back once Redis
-        answers again. A full connection pool is this process's saturation, not a failing
-        Redis: it counts for the breaker but does not stop requests from waiting."""
+        answers again. Only an error from Redis makes it ``failing``: a full connection
+        pool is this process's saturation and a background deadline a slow answer; both
+        count for the breaker (when recorded) but do not stop requests from waiting."""
         ok = exc is None
         if record:
             self.breaker.record(ok, self.clock())
-        if not isinstance(exc, RedisPoolFull):
-            self.failing = not ok
+        if ok:
+            self.failing = False
+        elif isinstance(exc, RedisUnavailable) and not isinstance(exc, RedisPoolFull):
+            self.failing = True
         if ok and len(self.charges) and not self._flushing and not self._closed:
             self.spawn(self.flush_charges())
 
@@ -243,8 +246,7 @@ class SharedBase:
         try:
             result = await asyncio.wait_for(self._timed(op, keys, args), BACKGROUND_TIMEOUT_S)
         except (RedisUnavailable, TimeoutError) as exc:
-            if isinstance(exc, RedisUnavailable) and not isinstance(exc, RedisPoolFull):
-                self.failing = True
+            self._outcome(exc, record=False)
             raise Missed(str(exc)) from exc
         self._outcome(None, record=False)
         return result

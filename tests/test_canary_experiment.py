@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments.canary import empirical_null, rules, sim, tables, warm
+from experiments.canary.__main__ import _provenance
 from experiments.canary.model import NONE, REGRESSIONS, Cell, simulate
 
 
@@ -135,3 +137,22 @@ def test_the_false_rollback_page_states_target_one_and_every_cell() -> None:
     assert "85 of the 96 cells" in text and text.count("not run") == 11 + 2
     assert "Target 1 is missed as stated (1 cell(s) measured above 1 %; 11 cell(s) not run)" in text
     assert "| bursty | 37 | 34 / 111000 = 0.03 % |" in text
+
+
+def test_the_small_cell_note_appears_only_at_few_trials() -> None:
+    """At 300 trials per independent cell the report explains chance readings over 1 %."""
+    note = tables._small_cells_note(300)
+    assert "300 trials" in note and "about 3 %" in note and "1.6 of 48" in note
+    assert tables._small_cells_note(3_000) == ""
+    assert tables._binom_tail(0.5, 2, 1) == pytest.approx(0.75)
+
+
+def test_a_reused_simulation_says_how_the_report_was_made() -> None:
+    """``--reuse`` with a live run: the report names both invocations and the live run's load."""
+
+    args = type("A", (), {"reuse": Path("runs/canary-x"), "live_from": None})()
+    text = _provenance(args, ["--reuse", "runs/canary-x"], ("2026-12-01 21:50 UTC", (1, 2, 3)))
+    assert "`python -m experiments.canary --reuse runs/canary-x`" in text
+    assert "from 2026-12-01 21:50 UTC (load average 1.00, 2.00, 3.00" in text
+    plain = type("A", (), {"reuse": None, "live_from": None})()
+    assert _provenance(plain, [], None) == ""

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -96,6 +98,26 @@ def _explore(args: argparse.Namespace, out: Path) -> list[empirical_null.Row]:
     return rows
 
 
+def _provenance(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    live_started: tuple[str, tuple[float, float, float]] | None,
+) -> str:
+    """How this report was made when it was not one plain run of the quoted command."""
+    if args.reuse is None and args.live_from is None:
+        return ""
+    this = "python -m experiments.canary " + shlex.join(argv if argv is not None else sys.argv[1:])
+    parts = [f"*This report* was written by `{this}`, which reused the simulation of "
+             f"`{args.reuse or args.live_from}` (the command above)"]  # fmt: skip
+    if live_started is not None:
+        when, load = live_started
+        parts.append(f" and ran the live rows itself from {when} (load average "
+                     f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} at their start)")  # fmt: skip
+    elif args.live_from is not None:
+        parts.append(f"; the live rows are those of `{args.live_from}`")
+    return "".join(parts) + "."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulation (and the live run), write the raw results and the report."""
     p = argparse.ArgumentParser(prog="python -m experiments.canary")
@@ -139,11 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.trials = max((len(r.times) for r in results if r.regression != "none"), default=0)
     explored = _explore(args, out)
     live: dict[str, Any] | None = None
+    live_started: tuple[str, tuple[float, float, float]] | None = None
     if args.live_from is not None:
         live = json.loads((args.live_from / "results.json").read_text())["live"]
     elif not args.no_live:
         from experiments.canary import live as live_run
 
+        live_started = (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg())
         live = live_run.run_all(args.live_good_seconds, args.live_history_ms)
     doc = {"trials": args.trials, "fr_trials": sim.fr_trials(results), "seed": args.seed,
            "simulation_s": sim_s, "live": live,
@@ -157,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reuse is not None:
         command = args.sim_command or command
     text = report.render(results, sweep, live, trials=args.trials, seed=args.seed, sim_s=sim_s,
-                         explored=explored, command=command)  # fmt: skip
+                         explored=explored, command=command,
+                         provenance=_provenance(args, argv, live_started))  # fmt: skip
     (out / "canary.md").write_text(text)
     if args.trials >= 300 and live is not None:
         args.docs.write_text(text)

@@ -206,7 +206,9 @@ def reading_numbers(results: Iterable[Result]) -> dict[str, str]:
         w = max(rs, key=lambda r: r.median_s)
         return f"{w.median_s:.0f} s at worst (at a {100 * w.cell.base_error:g} % base)"
 
+    fewest = min(len(r.times) for r in h0 if r.cell.model == "independent")
     return {
+        "ind_note": _small_cells_note(fewest),
         "fr_plan": fr_plan(results),
         "fr_verdict": fr_verdict(h0),
         "ind_worst": f"{_pct(ind_worst.rate)} ({_cell(ind_worst)})",
@@ -226,3 +228,18 @@ def reading_numbers(results: Iterable[Result]) -> dict[str, str]:
         "low_s": med(low) if low else "-",
         "high_s": med(high) if high else "-",
     }
+
+
+def _small_cells_note(trials: int) -> str:
+    """At few trials per cell, why an independent cell may read over 1 % by chance."""
+    if trials >= 1_000:
+        return ""
+    p_over = _binom_tail(0.004, trials, math.floor(0.01 * trials) + 1)
+    return (f" Where the independent cells ran {trials:,} trials, a cell whose true rate is "
+            f"0.4 % measures above 1 % with probability about {100 * p_over:.0f} %, so "
+            f"about {48 * p_over:.1f} of 48 cells are expected to, whatever the rule.")  # fmt: skip
+
+
+def _binom_tail(p: float, n: int, k: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    return 1.0 - sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +95,22 @@ def table_80(rows: Sequence[Row]) -> tuple[str, dict[str, dict[str, float]]]:
     return "\n".join(out), stats
 
 
+def _median_run(found: Sequence[Row], value: Callable[[Row], float]) -> Row:
+    """The repetition whose ``value`` is the (lower) median: its details stand for the cell."""
+    ranked = sorted(found, key=value)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _net(row: Row) -> float:
+    return float(row["admission"]["net_pct"])
+
+
 def table_150(rows: Sequence[Row]) -> tuple[str, dict[str, dict[str, float]]]:
-    """Table 1b: admitted vs perfect at 150 % (even, shifting, burst), decisions without Redis."""
+    """Table 1b: admitted vs perfect at 150 % (even, shifting, burst), decisions without Redis.
+
+    Each cell is the median over the repetitions with the range; the per-request counts and
+    the decisions without Redis are those of the median run.
+    """
     out = ["| mode | even split | shifting | burst | decisions without Redis (even) |",
            "| --- | --- | --- | --- | --- |"]  # fmt: skip
     stats: dict[str, dict[str, float]] = {}
@@ -107,12 +121,14 @@ def table_150(rows: Sequence[Row]) -> tuple[str, dict[str, dict[str, float]]]:
             if not found:
                 cells.append("-")
                 continue
-            a = found[0]["admission"]
-            st[scenario] = a["net_pct"]
-            lost = f"; {a['other']} unanswered" if a["other"] else ""
-            cells.append(f"{a['net_pct']:+.2f} % (+{a['over']} / -{a['under']}{lost})")
+            a = _median_run(found, _net)["admission"]
+            st[scenario] = _med([_net(r) for r in found])
+            lost = sum(r["admission"]["other"] for r in found)
+            unanswered = f"; {lost} unanswered in all runs" if lost else ""
+            cells.append(f"{_mr([_net(r) for r in found])} % (+{a['over']} / -{a['under']}"
+                         f"{unanswered})")  # fmt: skip
         even = _rows(rows, "t1b", mode, "even")
-        d = even[0]["decisions"] if even else None
+        d = _median_run(even, _net)["decisions"] if even else None
         without = f"{d['degraded']:.0f} of {d['decisions']:.0f}" if d else "-"
         stats[mode] = st
         out.append(f"| {mode} | {' | '.join(cells)} | {without} |")
@@ -135,7 +151,9 @@ def table_breaker(rows: Sequence[Row]) -> str:
 
 
 def table_faults(rows: Sequence[Row], base_p99: float) -> tuple[str, dict[str, dict[str, float]]]:
-    """Table 3: Redis 5 ms slower, and Redis stopped mid-run."""
+    """Table 3: Redis 5 ms slower, and Redis stopped mid-run (median and range over the
+    repetitions; the outage's over-admission and the slowest decision are the worst run's,
+    the late decisions are summed over every run)."""
     out = ["| Redis | mode | admitted vs perfect | p99 added ms | degraded decisions | "
            "outage: over-admission x limit | outage: max latency ms | slowest decision ms | "
            "decisions waiting > 2 ms after the kill |",
@@ -146,22 +164,25 @@ def table_faults(rows: Sequence[Row], base_p99: float) -> tuple[str, dict[str, d
             found = _rows(rows, "t3", f"{cond}-{mode}")
             if not found:
                 continue
-            r = found[0]
-            a, d = r["admission"], r["decisions"]
-            o = r.get("outage")
-            ox = f"{o['over_x_limit']:.2f}" if o else "-"
-            om = f"{o['max_ms']:.1f}" if o else "-"
-            wait = r.get("decision_wait_max_ms", math.nan)
-            over, total = r.get("decision_waits_over_timeout", (0, 0))
-            late = f"{over} of {total}" if total else "-"
-            stats[f"{cond}-{mode}"] = {"over_x": o["over_x_limit"] if o else 0.0,
-                                       "max_ms": o["max_ms"] if o else math.nan,
-                                       "wait_ms": wait, "late": over, "decided": total}  # fmt: skip
+            d = _median_run(found, _net)["decisions"]
+            outs = [r["outage"] for r in found if r.get("outage")]
+            ox = _mr([o["over_x_limit"] for o in outs], "{:.2f}") if outs else "-"
+            om = _mr([o["max_ms"] for o in outs], "{:.1f}") if outs else "-"
+            waits = [r.get("decision_wait_max_ms", math.nan) for r in found]
+            lates = [tuple(r.get("decision_waits_over_timeout", (0, 0))) for r in found]
+            over, total = sum(x[0] for x in lates), sum(x[1] for x in lates)
+            each = " + ".join(str(x[0]) for x in lates)
+            late = f"{over} of {total}" + (f" ({each})" if len(lates) > 1 else "") if total else "-"
+            stats[f"{cond}-{mode}"] = {
+                "over_x": max((o["over_x_limit"] for o in outs), default=0.0),
+                "max_ms": _med([o["max_ms"] for o in outs]) if outs else math.nan,
+                "wait_ms": max(waits), "late": over, "decided": total, "runs": len(found),
+            }  # fmt: skip
             label = "5 ms slower" if cond == "slow" else "stopped after 3 s"
-            added = r["p99_ms"] - base_p99
-            out.append(f"| {label} | {mode} | {a['net_pct']:+.2f} % | {added:+.2f} | "
+            added = _mr([r["p99_ms"] - base_p99 for r in found])
+            out.append(f"| {label} | {mode} | {_mr([_net(r) for r in found])} % | {added} | "
                        f"{d['degraded']:.0f} of {d['decisions']:.0f} | {ox} | {om} | "
-                       f"{wait:.2f} | {late} |")  # fmt: skip
+                       f"{_mr(waits, '{:.2f}')} | {late} |")  # fmt: skip
     return "\n".join(out), stats
 
 
@@ -188,7 +209,7 @@ def targets(s80: dict[str, Any], s150: dict[str, Any], faults: dict[str, Any], t
             add(f"{mode}: Redis stopped, over-admission <= 1x limit for the outage",
                 f"{f['over_x']:.2f}x", f["over_x"] <= 1.0)  # fmt: skip
             add(f"{mode}: Redis stopped, no decision waits > {timeout_ms:g} ms after the kill "
-                "(in the gateway)",
+                f"(in the gateway, {f['runs']} run(s))",
                 f"{f['late']} of {f['decided']}, slowest {f['wait_ms']:.2f} ms",
                 f["decided"] > 0 and f["late"] == 0)  # fmt: skip
             bound = base_max_ms + timeout_ms
@@ -236,8 +257,8 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
     t80, s80 = table_80(rows)
     t150, s150 = table_150(rows)
     none_even = _rows(rows, "t1b", "none", "even")
-    base_p99 = none_even[0]["p99_ms"] if none_even else math.nan
-    base_max = none_even[0]["max_ms"] if none_even else math.nan
+    base_p99 = _med([r["p99_ms"] for r in none_even])
+    base_max = _med([r["max_ms"] for r in none_even])
     t3, s3 = table_faults(rows, base_p99)
     factor = scale.factor
     return "\n\n".join(
@@ -259,10 +280,12 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             "### 1. One limit across two gateways\n\nAt 80 % of the limit, against the same load "
             "with no limiter (median of the repetitions, range in brackets):\n\n" + t80,
             "At 150 % of the limit: admitted compared with a perfect single bucket replayed over "
-            "the same requests (plus = over the limit, minus = good requests refused; per-request "
-            "counts in brackets; requests that got no answer in 2 s, or another shed, are left "
-            "out of the comparison and counted as unanswered). Shifting sends 90 % to one "
-            "gateway and swaps every 5 s; burst is 80 % with spikes to 5x, shifting every 3 s."
+            f"the same requests, the median of {getattr(scale, 'reps_150', 1)} run(s) with the "
+            "range (plus = over the limit, minus = good requests refused; the median run's "
+            "per-request counts in brackets; requests that got no answer in 2 s, or another "
+            "shed, are left out of the comparison and counted as unanswered). Shifting sends "
+            "90 % to one gateway and swaps every 5 s; burst is 80 % with spikes to 5x, "
+            "shifting every 3 s."
             "\n\n" + t150,
             "### 2. The Redis breaker, before and after\n\nAt 150 %, even split, alternating, "
             "three runs each. The naive breaker stops asking Redis for a second after three misses "
@@ -270,10 +293,11 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             "least "
             "five failing within 100 ms, stays open 100 ms, probes once, and charges back.\n\n"
             + table_breaker(rows),
-            "### 3. When Redis is slow or gone\n\n150 %, even split. Slow: a delaying TCP proxy "
-            "adds 5 ms to every Redis answer for the whole run. Stopped: Redis is killed 3 s into "
-            "a "
-            "10.5 s run. p99 added is against the no-limiter run at the same load.\n\n" + t3,
+            "### 3. When Redis is slow or gone\n\n150 %, even split, "
+            f"{getattr(scale, 'reps_150', 1)} run(s) of each, alternating. Slow: a delaying TCP "
+            "proxy adds 5 ms to every Redis answer for the whole run. Stopped: Redis is killed "
+            "3 s into a 10.5 s run. p99 added is against the no-limiter run at the same "
+            "load.\n\n" + t3,
             "### Targets (same run)\n\n" + targets(s80, s150, s3, 2.0, base_max),
             "### Bottlenecks\n\n" + bottleneck(rows),
         ]

@@ -145,10 +145,11 @@ def plan_runs(scale: Scale, lim: Any) -> tuple[list[Run], list[Run]]:
     one: list[Run] = []
     for _ in range(scale.reps):
         one += [Run("t1a", p, "80%", sh["80%"], lim) for p in ("none", "redis", "lease", "sync")]
-    one.append(Run("t1b", "none", "even", sh["even"], lim))
-    one.append(Run("t1b", "local", "even", sh["even"], lim))
-    for scenario in ("even", "shifting", "burst"):
-        one += [Run("t1b", p, scenario, sh[scenario], lim) for p in ("redis", "lease", "sync")]
+    for _ in range(scale.reps_150):
+        one.append(Run("t1b", "none", "even", sh["even"], lim))
+        one.append(Run("t1b", "local", "even", sh["even"], lim))
+        for scenario in ("even", "shifting", "burst"):
+            one += [Run("t1b", p, scenario, sh[scenario], lim) for p in ("redis", "lease", "sync")]
     two: list[Run] = []
     for _ in range(scale.breaker_reps):
         for p in ("redis-naive", "redis", "lease-naive", "lease"):
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scale = Scale(args.scale, keep_burst=args.keep_burst)
     if args.quick:
-        scale = Scale(args.scale, short_s=2.0, even_s=3.0, reps=1, breaker_reps=1,
+        scale = Scale(args.scale, short_s=2.0, even_s=3.0, reps=1, breaker_reps=1, reps_150=1,
                       keep_burst=args.keep_burst)  # fmt: skip
     lim = scale.limits
     started = time.monotonic()
@@ -213,12 +214,13 @@ def phase_three(scale: Scale, procs: Procs, up: str, redis: RedisProcess) -> lis
         configs |= {
             f"stop-{m}": section(scale, m, _KILL["b"].url) for m in ("redis", "lease", "sync")
         }
-        runs = [
-            Run("t3", f"slow-{m}", "slow", sh["even"], scale.limits)
-            for m in ("redis", "lease", "sync")
-        ]
-        runs += [Run("t3", f"stop-{m}", "stopped", sh["outage"], scale.limits, kill_at_s=3.0,
-                     tags={"redis": "b"}) for m in ("redis", "lease", "sync")]  # fmt: skip
+        runs: list[Run] = []
+        for _ in range(scale.reps_150):
+            runs += [Run("t3", f"slow-{m}", "slow", sh["even"], scale.limits)
+                     for m in ("redis", "lease", "sync")]  # fmt: skip
+            runs += [Run("t3", f"stop-{m}", "stopped", sh["outage"], scale.limits,
+                         kill_at_s=3.0, tags={"redis": "b"})
+                     for m in ("redis", "lease", "sync")]  # fmt: skip
         phase(rows, procs, up, configs, runs)
     finally:
         proxy.stop()

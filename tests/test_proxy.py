@@ -1,4 +1,4 @@
-"""The proxy contract, run over httpx.MockTransport and over real sockets (aiohttp and httpx)."""
+"""The proxy contract, run over httpx.MockTransport and over real sockets (lean, aiohttp, httpx)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.proxy_upstream import BIG_BODY, GZIP_BODY, mock_handler, real_upstrea
 MakeProxy = Callable[..., ProxyApp]
 
 
-@pytest.fixture(params=["mock", "aiohttp", "httpx"])
+@pytest.fixture(params=["mock", "lean", "aiohttp", "httpx"])
 async def make_proxy(request: pytest.FixtureRequest) -> AsyncIterator[MakeProxy]:
     """Builds ProxyApps over the parametrised upstream; closes them afterwards."""
     apps: list[ProxyApp] = []

@@ -207,7 +207,7 @@ async def test_connection_is_reused_after_a_read_body() -> None:
 
 
 def test_make_transport_chooses_by_config() -> None:
-    """make_transport gives the aiohttp transport by default and httpx's on request."""
+    """make_transport gives an aiohttp transport (the lean one) by default, httpx's on request."""
     assert isinstance(make_transport(ProxyConfig()), AiohttpTransport)
     assert isinstance(make_transport(ProxyConfig(transport="httpx")), httpx.AsyncHTTPTransport)
 

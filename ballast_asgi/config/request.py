@@ -29,8 +29,9 @@ class ProxyConfig(Frozen):
     connect_timeout_ms: int = Field(2_000, ge=1, le=600_000)
     #: Larger request bodies get 413 without an upstream call.
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=0, le=2**34)
-    #: Which httpx transport the proxy uses by default.
-    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    #: Which transport the proxy uses: lean (plain-http requests with an in-memory body
+    #: on asyncio + httptools, the rest over aiohttp), aiohttp, or httpx's own pool.
+    transport: Literal["lean", "aiohttp", "httpx"] = "lean"
     max_connections: int = Field(1_000, ge=1, le=100_000)
     #: PEM file of CA certificates for https upstreams (None: the system's; always verified).
     ca_file: str | None = None

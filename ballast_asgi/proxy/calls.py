@@ -1,9 +1,10 @@
-"""The upstream call of one attempt: direct on our aiohttp transport, else through httpx.
+"""The upstream call of one attempt: direct on our own transports, else through httpx.
 
-``direct_call`` is the common case on the default transport (issue 18 item 4):
-a request body already in memory and UTF-8 header values go to
-``AiohttpTransport.send_direct`` without ``httpx.Request``/``URL``/``Response``
-objects. Everything else (a streamed body, a header value that is not UTF-8,
+``direct_call`` is the common case (issue 18 item 4): a request body already
+in memory goes without ``httpx.Request``/``URL``/``Response`` objects, on the
+lean transport (``LeanTransport.send_lean``: plain-http upstreams, header
+bytes as they are) or else on aiohttp (``AiohttpTransport.send_direct``:
+UTF-8 header values). Everything else (a streamed body, a header value that is not UTF-8,
 an injected transport such as ``httpx.MockTransport`` or respx, httpx's own
 pool) is an ``httpx.Request`` through the transport's ``handle_async_request``.
 Both send the same bytes and raise the same httpx errors.
@@ -19,6 +20,7 @@ from aiohttp import ClientTimeout
 
 from ballast_asgi.core.types import RawHeaders, Scope
 from ballast_asgi.proxy.headers import raw_target
+from ballast_asgi.proxy.lean import LeanTransport
 from ballast_asgi.proxy.transport import (
     AiohttpTransport,
     DirectResponse,
@@ -49,6 +51,17 @@ def direct_call(
     """
     if direct is None or not isinstance(body, bytes):
         return None
+    if isinstance(direct, LeanTransport):
+        lean = direct.send_lean(
+            scope["method"],
+            upstream,
+            raw_target(scope),
+            headers,
+            body,
+            client_timeout(timeout) if limits is None else limits,
+        )
+        if lean is not None:
+            return lean
     text = decode_headers(headers)
     if text is None:  # not UTF-8: the transport's httpx pool keeps the bytes
         return None

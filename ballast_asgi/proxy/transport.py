@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -214,6 +214,19 @@ class AiohttpResponseStream(httpx.AsyncByteStream):
             self._response.close()
 
 
+class ResponseBody(Protocol):
+    """What the proxy reads of a direct response's body (``AiohttpResponseStream``'s API)."""
+
+    def arrived(self, length: int) -> bytes | None:
+        """The whole body if it came with the head, else None."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive."""
+
+    async def aclose(self) -> None:
+        """Release the connection (closed when the body was not read to its end)."""
+
+
 class DirectResponse:
     """An upstream response head and its body stream, without ``httpx.Response`` around it.
 
@@ -224,7 +237,7 @@ class DirectResponse:
     __slots__ = ("raw_headers", "status_code", "stream")
 
     def __init__(
-        self, status: int, raw_headers: list[tuple[bytes, bytes]], stream: AiohttpResponseStream
+        self, status: int, raw_headers: list[tuple[bytes, bytes]], stream: ResponseBody
     ) -> None:
         self.status_code = status
         self.raw_headers = raw_headers
@@ -412,9 +425,15 @@ async def _aiter(stream: object) -> AsyncIterator[bytes]:
 
 
 def make_transport(config: ProxyConfig) -> httpx.AsyncBaseTransport:
-    """The proxy's transport chosen by ``config.transport`` ("aiohttp" or "httpx")."""
+    """The proxy's transport chosen by ``config.transport`` ("lean", "aiohttp" or "httpx")."""
     idle_s = config.pool_idle_timeout_ms / 1000.0
     context = upstream_ssl_context(config.ca_file)
+    if config.transport == "lean":
+        from ballast_asgi.proxy.lean import LeanTransport  # lean builds on this module
+
+        return LeanTransport(
+            max_connections=config.max_connections, keepalive_s=idle_s, ssl_context=context
+        )
     if config.transport == "aiohttp":
         return AiohttpTransport(
             max_connections=config.max_connections, keepalive_s=idle_s, ssl_context=context

@@ -16,7 +16,7 @@ from tests.e2e.support import thread_servers, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
 
-TRANSPORTS = ["aiohttp", "httpx"]
+TRANSPORTS = ["lean", "aiohttp", "httpx"]
 
 
 @pytest.fixture

@@ -210,3 +210,30 @@ def test_lean_is_the_default_transport_and_selectable() -> None:
     assert type(make_transport(ProxyConfig())) is LeanTransport
     assert type(make_transport(ProxyConfig(transport="lean"))) is LeanTransport
     assert type(make_transport(ProxyConfig(transport="aiohttp"))) is not LeanTransport
+
+
+@pytest.mark.anyio
+async def test_a_full_pool_queues_the_next_request_until_a_connection_is_free() -> None:
+    """``max_connections`` reached: the next request waits, then takes the freed connection."""
+    rest = asyncio.Event()
+
+    async def split(raw: Raw, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await raw.head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        await rest.wait()
+        writer.write(b"cd")
+        await raw.head(reader)
+        writer.write(CL)
+        await reader.read()
+
+    async with raw_upstream(split) as (raw, up):
+        transport = LeanTransport(max_connections=1)
+        first = await get(transport, up)
+        second = asyncio.ensure_future(get(transport, up))
+        await asyncio.sleep(0)
+        assert not second.done() and transport._pool.in_use == 1
+        rest.set()
+        assert await body_of(first) == b"abcd"
+        assert await body_of(await second) == b"ok"
+        await transport.aclose()
+    assert raw.connections == 1

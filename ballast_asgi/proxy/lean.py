@@ -84,17 +84,20 @@ class _Pool:
     ) -> Conn:
         """A connection for one exchange (pooled if one is fresh, else a new one)."""
         key = (host, port)
-        idle = self.idle.get(key)
-        if idle:
-            now = asyncio.get_running_loop().time()
-            while idle:
-                conn = idle.pop()
-                self.idle_count -= 1
-                if not conn.closed and now - conn.idle_since < self.keepalive_s:
-                    self.in_use += 1
-                    return conn
-                conn.close()
-        await self._room(limits, deadline)
+        until: float | None = None
+        while True:
+            conn = self.take(key)
+            if conn is not None:
+                return conn
+            if self.in_use + self.idle_count < self.limit:
+                break
+            if self.idle_count:
+                self._evict()  # an idle connection of another upstream makes room
+                continue
+            if until is None:
+                budget = _budget(limits.connect, deadline)
+                until = float("inf") if budget is None else time_now() + budget
+            await self._wait(until)
         self.in_use += 1
         try:
             return await self._connect(key, limits, deadline)
@@ -102,19 +105,34 @@ class _Pool:
             self.release(None, False)
             raise
 
-    async def _room(self, limits: ClientTimeout, deadline: float | None) -> None:
-        """Wait until one more connection may be opened (bounded by ``connect``)."""
-        while self.in_use + self.idle_count >= self.limit:
-            if self.idle_count:
-                self._evict()
-                continue
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                async with asyncio.timeout(_budget(limits.connect, deadline)):
-                    await waiter
-            except TimeoutError:
+    def take(self, key: tuple[str, int]) -> Conn | None:
+        """The newest fresh idle connection to ``key`` (stale ones closed on the way)."""
+        idle = self.idle.get(key)
+        if not idle:
+            return None
+        now = time_now()
+        while idle:
+            conn = idle.pop()
+            self.idle_count -= 1
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                self.in_use += 1
+                return conn
+            conn.close()
+        return None
+
+    async def _wait(self, until: float) -> None:
+        """Wait for a released connection, until loop time ``until`` (then ConnectTimeout)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(None if until == float("inf") else until):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._wake()  # woken but leaving: the turn goes to the next waiter
+            if isinstance(exc, TimeoutError):
                 raise httpx.ConnectTimeout("no upstream connection free in time") from None
+            raise
 
     async def _connect(
         self, key: tuple[str, int], limits: ClientTimeout, deadline: float | None
@@ -142,11 +160,15 @@ class _Pool:
                     self._schedule_sweep()
             else:
                 conn.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let the longest-waiting request look for room again."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                break
+                return
 
     def _evict(self) -> None:
         """Close the longest idle connection (of any upstream) to make room."""
@@ -185,6 +207,11 @@ class _Pool:
                 conn.close()
         self.idle.clear()
         self.idle_count = 0
+
+
+def time_now() -> float:
+    """The running loop's clock."""
+    return asyncio.get_running_loop().time()
 
 
 def _budget(bound: float | None, deadline: float | None) -> float | None:
@@ -227,7 +254,9 @@ class LeanTransport(AiohttpTransport):
         deadline = None if limits.total is None else loop.time() + limits.total
         if self._pool.closed:
             self._pool = _Pool(self.max_connections, self.keepalive_s)
-        conn = await self._pool.acquire(upstream.host, upstream.port, limits, deadline)
+        conn = self._pool.take((upstream.host, upstream.port))  # the common case: no await
+        if conn is None:
+            conn = await self._pool.acquire(upstream.host, upstream.port, limits, deadline)
         response = LeanResponse(conn, head_only, self.max_field_size, deadline, limits.sock_read)
         transport = conn.transport
         assert transport is not None

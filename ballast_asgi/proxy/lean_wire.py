@@ -242,7 +242,8 @@ class LeanResponse(DirectResponse):
             self._timer = None
         conn = self._conn
         conn.exchange = None
-        conn.pause(False)
+        if conn.paused:
+            conn.pause(False)
         conn.release(conn, reuse and not conn.closed)
 
     def _wake(self) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
 from ballast_asgi.config import ProxyConfig
 from ballast_asgi.proxy.lean import LeanTransport, request_head
-from ballast_asgi.proxy.lean_wire import HIGH_WATER_BYTES, Conn
+from ballast_asgi.proxy.lean_wire import HIGH_WATER_BYTES, Conn, LeanResponse
 from ballast_asgi.proxy.transport import make_transport
 from ballast_asgi.proxy.upstream import Upstream
 from tests.lean_support import Raw, answering, body_of, get, raw_upstream
@@ -237,3 +238,22 @@ async def test_a_full_pool_queues_the_next_request_until_a_connection_is_free() 
         assert await body_of(await second) == b"ok"
         await transport.aclose()
     assert raw.connections == 1
+
+
+@pytest.mark.anyio
+async def test_a_finished_exchange_leaves_no_garbage_cycle() -> None:
+    """With the collector off, a read response is freed by reference counting alone."""
+    async with raw_upstream(answering(CL, CL)) as (_raw, up):
+        transport = LeanTransport()
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(2):
+                response = await get(transport, up)
+                assert response.stream.arrived(2) == b"ok"
+                await response.aclose()
+            del response
+            assert not [o for o in gc.get_objects() if isinstance(o, LeanResponse)]
+        finally:
+            gc.enable()
+        await transport.aclose()

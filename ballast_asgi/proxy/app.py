@@ -30,8 +30,9 @@ docs/proxying.md says it for users):
   wait for the head and each read.
 * Failures are translated in one place (``failures.py``): timeouts -> 504,
   connect and protocol errors -> 502.
-* The call itself (``calls.py``): on the default aiohttp transport an
-  in-memory body goes without httpx objects (``send_direct``); everything else
+* The call itself (``calls.py``): on our own transports an in-memory body goes
+  without httpx objects (the default lean transport's ``send_lean`` for plain
+  http upstreams, aiohttp's ``send_direct`` otherwise); everything else
   (streamed bodies, injected transports such as ``httpx.MockTransport``) is an
   ``httpx.Request`` through the transport. Same bytes, same errors.
 """
@@ -118,7 +119,7 @@ class ProxyApp:
         self.clock = clock
         self._injected = transport
         self._bounds_total = False
-        #: Our aiohttp transport: in-memory bodies skip the httpx objects (``send_direct``).
+        #: Our aiohttp (or lean) transport: in-memory bodies skip the httpx objects.
         self._direct: AiohttpTransport | None = None
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None

@@ -266,10 +266,11 @@ class LeanTransport(AiohttpTransport):
         else:
             transport.write(head + body if body else head)
         try:
-            return await response.head
+            await response.head
         except BaseException:
             response.abort()  # cancelled or failed before the head: never reused
             raise
+        return response
 
     async def aclose(self) -> None:
         """Close the lean pool's idle connections, then the aiohttp session."""

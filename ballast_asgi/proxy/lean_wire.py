@@ -115,10 +115,10 @@ class LeanResponse(DirectResponse):
         loop = asyncio.get_running_loop()
         self.status_code = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.stream = self
         self._conn, self._loop, self._head_only, self._limit = conn, loop, head_only, limit
-        self.head: asyncio.Future[LeanResponse] = loop.create_future()
-        self._parser = HttpResponseParser(self)
+        self.head: asyncio.Future[None] = loop.create_future()
+        #: Dropped with the connection (it holds our callbacks: no cycle left for the GC).
+        self._parser: HttpResponseParser | None = HttpResponseParser(self)
         self._fields: list[tuple[bytes, bytes]] = []
         self._chunks: list[bytes] = []
         self._size = self._pending = 0
@@ -132,6 +132,11 @@ class LeanResponse(DirectResponse):
         if self._deadline is not None or self._idle is not None:
             self._timer = loop.call_at(self._next_check(), self._on_timer)
         conn.exchange = self
+
+    @property
+    def stream(self) -> LeanResponse:  # type: ignore[override]  # itself, with no self-reference
+        """The body stream: this object."""
+        return self
 
     # -- parser callbacks (never raise: failures are recorded and acted on in ``feed``) --
     def on_message_begin(self) -> None:
@@ -148,6 +153,7 @@ class LeanResponse(DirectResponse):
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None
         status = self._parser.get_status_code()
         if status < 200 or self._bad is not None:
             self._fields = []  # 1xx interim response: skipped (101 raises in feed)
@@ -158,7 +164,7 @@ class LeanResponse(DirectResponse):
         if self._head_only:
             self._complete = True  # HEAD: no body whatever the head says; not reused
         if not self.head.done():
-            self.head.set_result(self)
+            self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         if self._complete:
@@ -172,6 +178,7 @@ class LeanResponse(DirectResponse):
     def on_message_complete(self) -> None:
         if self._final and not self._complete:
             self._complete = True
+            assert self._parser is not None
             self._keep = self._parser.should_keep_alive()
             self._wake()
 
@@ -180,8 +187,11 @@ class LeanResponse(DirectResponse):
         """Parse one read; fail, finish or keep waiting."""
         if self._idle is not None:
             self._last = self._loop.time()
+        parser = self._parser
+        if parser is None:
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("upstream switched protocols unasked"))
             return
@@ -237,6 +247,7 @@ class LeanResponse(DirectResponse):
         if self._released:
             return
         self._released = True
+        self._parser = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

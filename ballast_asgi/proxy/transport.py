@@ -1,4 +1,7 @@
-"""The proxy's default httpx transport: one aiohttp ``ClientSession`` behind the httpx API.
+"""The proxy's aiohttp transport: one aiohttp ``ClientSession`` behind the httpx API.
+
+(The default, ``LeanTransport`` in ``lean.py``, is this transport with a lean
+direct path for plain-http requests with an in-memory body.)
 
 Why: httpx's own connection pool costs about 1.2-2 ms of CPU per proxied request
 on the reference machine and collapses near 600-900 rps; aiohttp's holds about

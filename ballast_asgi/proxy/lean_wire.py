@@ -153,6 +153,8 @@ class LeanResponse(DirectResponse):
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._final:
+            return  # a response after ours changes nothing of ours
         assert self._parser is not None
         status = self._parser.get_status_code()
         if status < 200 or self._bad is not None:

@@ -280,7 +280,7 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             "### 1. One limit across two gateways\n\nAt 80 % of the limit, against the same load "
             "with no limiter (median of the repetitions, range in brackets):\n\n" + t80,
             "At 150 % of the limit: admitted compared with a perfect single bucket replayed over "
-            f"the same requests, the median of {getattr(scale, 'reps_150', 1)} run(s) with the "
+            f"the same requests, the median of {scale.reps_150} run(s) with the "
             "range (plus = over the limit, minus = good requests refused; the median run's "
             "per-request counts in brackets; requests that got no answer in 2 s, or another "
             "shed, are left out of the comparison and counted as unanswered). Shifting sends "
@@ -294,7 +294,7 @@ def render(rows: Sequence[Row], scale: Any, meta: dict[str, Any]) -> str:
             "five failing within 100 ms, stays open 100 ms, probes once, and charges back.\n\n"
             + table_breaker(rows),
             "### 3. When Redis is slow or gone\n\n150 %, even split, "
-            f"{getattr(scale, 'reps_150', 1)} run(s) of each, alternating. Slow: a delaying TCP "
+            f"{scale.reps_150} run(s) of each, alternating. Slow: a delaying TCP "
             "proxy adds 5 ms to every Redis answer for the whole run. Stopped: Redis is killed "
             "3 s into a 10.5 s run. p99 added is against the no-limiter run at the same "
             "load.\n\n" + t3,

@@ -59,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=_duration, default=0.05, help="wait past deadline (50ms)")
     p.add_argument("--method", default="GET", help="HTTP method (GET)")
     p.add_argument(
+        "--warm", type=int, default=0, help="keep-alive connections to open before the start (0)"
+    )
+    p.add_argument(
+        "--gc-during-run", action="store_true",
+        help="leave the cyclic GC running while offering (default: paused, see runner.py)",
+    )  # fmt: skip
+    p.add_argument(
         "--client", choices=CLIENTS, default="lean", help="lean (http://, cheapest) or aiohttp"
     )
     p.add_argument("--json", dest="json_path", help="write the summary JSON here")
@@ -81,6 +88,8 @@ def _config(args: argparse.Namespace) -> LoadConfig:
         method=args.method.upper(),
         keep_records=bool(args.records),
         client=args.client,
+        warm_connections=args.warm,
+        pause_gc=not args.gc_during_run,
     )
 
 

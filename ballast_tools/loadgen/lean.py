@@ -193,6 +193,25 @@ class LeanPool:
         self.connecting.add(task)
         task.add_done_callback(self.connecting.discard)
 
+    async def warm(self, n: int) -> None:
+        """Open ``n`` idle keep-alive connections now (before the schedule starts).
+
+        A connection that fails to open is skipped: the schedule opens what it
+        still needs on demand, as without warming.
+        """
+
+        async def one() -> None:
+            try:
+                _, conn = await self.loop.create_connection(
+                    lambda: _Conn(self), self.host, self.port
+                )
+            except OSError:
+                return
+            self.conns.add(conn)
+            self.idle.append(conn)
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
     async def _connect_and_send(self, slot: int, data: bytes, timeout_s: float) -> None:
         started = self.loop.time()
         try:

@@ -61,6 +61,9 @@ def generator_summary(result: RunResult) -> dict[str, Any]:
         "cpu_s": round(result.cpu_s, 3),
         "wall_s": round(result.wall_s, 3),
         "cpu_us_per_request": round(result.cpu_us_per_request, 1) if sent else None,
+        "gc_paused": result.config.pause_gc,
+        "gc_forced_collections": result.gc_collections,
+        "warm_connections": result.config.warm_connections,
     }
 
 

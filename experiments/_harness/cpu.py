@@ -9,6 +9,8 @@ CPU was (any process), ``status_kb`` a ``kB`` field of ``/proc/<pid>/status``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -21,6 +23,35 @@ def pin_self(cpu: int) -> None:
     """Pin this process to ``cpu`` when the machine has more than one."""
     if can_pin():
         os.sched_setaffinity(0, {cpu})
+
+
+@contextmanager
+def realtime(priority: int = 1) -> Iterator[str]:
+    """Run the block at ``SCHED_FIFO`` ``priority``; yield the policy actually held.
+
+    The generator shares CPU 0 with the simulator; under the default policy a
+    wake-up at a request's intended time can wait a scheduler slice behind the
+    simulator (several ms). At ``SCHED_FIFO`` it preempts any normal task at
+    once. ``SCHED_RESET_ON_FORK`` keeps processes started inside the block at
+    the default policy, and the kernel's real-time throttling (95 % of each
+    second by default) bounds what a runaway generator could take. Without the
+    privilege (not root, no ``CAP_SYS_NICE``) the block runs unchanged and the
+    yielded text says so.
+    """
+    if not hasattr(os, "sched_setscheduler"):
+        yield "SCHED_OTHER (no sched_setscheduler here)"
+        return
+    before = os.sched_getscheduler(0)
+    try:
+        policy = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+        os.sched_setscheduler(0, policy, os.sched_param(priority))
+    except PermissionError:
+        yield "SCHED_OTHER (SCHED_FIFO not permitted)"
+        return
+    try:
+        yield f"SCHED_FIFO {priority}"
+    finally:
+        os.sched_setscheduler(0, before, os.sched_param(0))
 
 
 def cpu_s(pid: int) -> float:
@@ -38,6 +69,26 @@ def cpu_ticks() -> dict[int, tuple[int, int]]:
             n = [int(v) for v in vals[:8]]
             idle = n[3] + n[4]
             out[int(name[3:])] = (sum(n) - idle, sum(n))
+    return out
+
+
+def steal_ticks() -> dict[int, int]:
+    """Per CPU jiffies of *steal*: the hypervisor ran something else on our virtual CPU."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            fields = line.split()
+            out[int(fields[0][3:])] = int(fields[8]) if len(fields) > 8 else 0
+    return out
+
+
+def steal_all(before: dict[int, int], ticks_before: dict[int, tuple[int, int]]) -> dict[str, float]:
+    """Share of time each CPU was stolen by the hypervisor since ``before``."""
+    now, ticks = steal_ticks(), cpu_ticks()
+    out = {}
+    for c in before:
+        total = ticks[c][1] - ticks_before[c][1]
+        out[str(c)] = round((now[c] - before[c]) / total, 4) if total else float("nan")
     return out
 
 

@@ -55,6 +55,7 @@ def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
         "gateway_snapshot_p50_ms": round(percentile(answers, 50), 2),
         "gateway_snapshot_p99_ms": round(loop_p99, 2),
         "cpu_busy": doc.get("cpu_busy"),
+        "cpu_steal": doc.get("cpu_steal"),
         "flags": flags,
     }
 

@@ -7,6 +7,12 @@ load runs, ``/snapshot`` of the gateway's admin port is sampled every
 took: the gateway's event-loop lag plus a little of ours), and the backend
 changes of the spec are applied through the simulator's ``POST /profile`` at
 their times. CPU of the gateway and the simulator come from ``/proc``.
+
+The generator runs each load at ``SCHED_FIFO`` (``_harness.cpu.realtime``)
+with its keep-alive connections opened before the first send and the cyclic
+GC paused (``LoadConfig.warm_connections``, ``pause_gc``), so that its own
+stalls do not show up as schedule lag; ``docs/instruments.md`` has the
+measurements behind each choice.
 """
 
 from __future__ import annotations
@@ -22,13 +28,21 @@ import aiohttp
 from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
 from ballast_tools.loadgen.schedule import make_tiers
-from experiments._harness.cpu import busy_all, cpu_s, cpu_ticks
+from experiments._harness.cpu import busy_all, cpu_s, cpu_ticks, realtime, steal_all, steal_ticks
 from experiments._harness.jsonio import get_json, post_json, wait_ok
 from experiments._harness.procs import Procs
 from experiments._harness.servers import Target, start_gateway, start_sim
 from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, parse_limiter
 
 SAMPLE_PERIOD_S = 0.2
+#: The generator waits this long past a request's deadline before it gives up
+#: and closes the connection. A late answer is classified exactly like a
+#: timeout (expired), but a closed connection costs the next request a fresh
+#: connect on both sides: at 12x with the gateway's loop behind by 100 ms and
+#: more, a 50 ms grace made the generator open 28,000 connections in 24 s.
+GRACE_S = 0.5
+#: Keep-alive connections opened before the first send: 100 ms of the offered rate.
+WARM_S, WARM_MAX = 0.1, 512
 GATEWAY_CPU, SIM_CPU, GENERATOR_CPU = 1, 0, 0
 Progress = Callable[[float], None]
 
@@ -84,8 +98,10 @@ async def show_progress(runner: LoadRunner, progress: Progress) -> None:
 
 def _load_config(spec: RunSpec, target: str) -> LoadConfig:
     tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
+    warm = min(WARM_MAX, int(spec.rate_rps * WARM_S))
     return LoadConfig(target=target, rate_rps=spec.rate_rps, duration_s=spec.duration_s,
-                      seed=spec.seed, tiers=tiers)  # fmt: skip
+                      seed=spec.seed, tiers=tiers, grace_s=GRACE_S * spec.k,
+                      warm_connections=warm)  # fmt: skip
 
 
 async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> dict[str, Any]:
@@ -97,7 +113,7 @@ async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> d
         await wait_ok(http, f"{gw.admin}/health")
         runner = LoadRunner(_load_config(spec, f"{gw.base}/"))
         cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
-        ticks0, wall0 = cpu_ticks(), time.monotonic()
+        ticks0, steal0, wall0 = cpu_ticks(), steal_ticks(), time.monotonic()
         t0 = wall0 + 0.05  # the runner starts its schedule 50 ms after run()
         helpers = [
             asyncio.create_task(sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples)),
@@ -112,7 +128,7 @@ async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> d
             await asyncio.gather(*helpers, return_exceptions=True)
         wall = time.monotonic() - wall0
         cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
-        busy = busy_all(ticks0)
+        busy, steal = busy_all(ticks0), steal_all(steal0, ticks0)
         sim_stats = await get_json(http, f"{sim.admin}/stats")
     return {
         "spec": _spec_doc(spec),
@@ -120,6 +136,7 @@ async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> d
         "samples": samples,
         "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
         "cpu_busy": busy,
+        "cpu_steal": steal,
         "wall_s": round(wall, 2),
         "sim_stats": sim_stats,
     }
@@ -144,8 +161,10 @@ async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, An
             fast_ms=FAST_MS * spec.k, slow_ms=SLOW_MS * spec.k, seed=spec.seed,
         )  # fmt: skip
         gw = start_gateway(procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec))
-        doc = await drive(spec, sim, gw, progress)
+        with realtime() as policy:
+            doc = await drive(spec, sim, gw, progress)
     finally:
         procs.stop_all()
     doc["affinity"] = {"gateway": GATEWAY_CPU, "sim": SIM_CPU, "generator": GENERATOR_CPU}
+    doc["generator_policy"] = policy
     return doc

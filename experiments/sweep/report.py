@@ -112,17 +112,19 @@ def event_table(idx: Index, scenario: str) -> list[str]:
 def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
     """Every run's own-process signals."""
     head = ["run", "k", "gen lag p99 ms", "not issued", "gen us/req", "gateway CPU",
-            "gateway /snapshot p50 / p99 ms", "sim CPU", "CPU0 / CPU1 busy", "flags"]  # fmt: skip
+            "gateway /snapshot p50 / p99 ms", "sim CPU", "CPU0 / CPU1 busy",
+            "CPU0 / CPU1 steal", "flags"]  # fmt: skip
     rows = [_row(head), _row(["---"] * len(head))]
     for d in docs:
         b = em.metrics(d)["bottleneck"]
-        busy = b["cpu_busy"] or {}
+        busy, steal = b["cpu_busy"] or {}, b.get("cpu_steal") or {}
         rows.append(_row([d["spec"]["name"], f"{d['spec']['k']:g}", f"{b['gen_lag_p99_ms']:.1f}",
             f"{b['gen_not_issued_share']:.2%}", f"{b['gen_cpu_us_per_request'] or 0:.0f}",
             f"{b['gateway_cpu_share']:.0%}",
             f"{b['gateway_snapshot_p50_ms']:.1f} / {b['gateway_snapshot_p99_ms']:.1f}",
             f"{b['sim_cpu_share']:.0%}",
             f"{busy.get('0', 0):.0%} / {busy.get('1', 0):.0%}",
+            (f"{steal['0']:.1%} / {steal['1']:.1%}" if steal else "-"),
             ", ".join(b["flags"]) or "-"]))  # fmt: skip
     return rows
 

@@ -9,7 +9,9 @@ when any of these holds (thresholds in real, undilated time):
 - ``gw-loop``: the gateway's ``/snapshot`` took > 25 ms to answer at p99
   (its event loop was busy; the figure includes a little of the generator's
   own loop lag, so it errs towards flagging);
-- ``sim-cpu``: the simulator used > 90 % of a core.
+- ``sim-cpu``: the simulator used > 90 % of a core;
+- ``steal``: the hypervisor took > 5 % of either CPU (``steal`` in
+  ``/proc/stat``): the machine, not our processes, but it delays them alike.
 
 The tables print these flags next to the number they affect.
 """
@@ -24,6 +26,7 @@ GEN_LAG_P99_MS = 10.0
 NOT_ISSUED_SHARE = 0.005
 CPU_SHARE = 0.90
 LOOP_P99_MS = 25.0
+STEAL_SHARE = 0.05
 
 
 def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +48,9 @@ def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
         flags.append("gw-loop")
     if cpu.get("sim", 0.0) > CPU_SHARE:
         flags.append("sim-cpu")
+    steal = doc.get("cpu_steal") or {}
+    if any(v > STEAL_SHARE for v in steal.values()):
+        flags.append("steal")
     return {
         "gen_lag_p99_ms": round(lag_p99, 2),
         "gen_not_issued_share": round(not_issued, 4),

@@ -169,7 +169,12 @@ def header(meta: dict[str, Any]) -> list[str]:
         "- Traffic 5 / 35 / 60 % critical / standard / bulk, deadlines 400 ms / 1 s / 3 s (x k). "
         "Critical p99 is from the intended send time over every completed critical request.",
         "- A cell flagged `[gen-lag]`, `[not-issued]`, `[gw-cpu]`, `[gw-loop]` or `[sim-cpu]` was "
-        "limited by our own processes, not only by the simulated backend (see the last table).",
+        "limited by our own processes, not only by the simulated backend (see the last table); "
+        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run.",
+        "- The generator: the lean HTTP/1.1 client at `SCHED_FIFO` on CPU 0 (held: "
+        f"{meta.get('generator_policy', '-')}), cyclic GC paused while offering, 100 ms worth "
+        "of keep-alive connections opened before the first send, and 500 ms of grace past a "
+        "deadline before it closes a connection (docs/instruments.md).",
         "",
     ]
 

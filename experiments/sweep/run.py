@@ -156,6 +156,7 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     print(f"time dilation k = {k:g}; {len(plan)} cells x {args.reps} repetitions", flush=True)
     docs = await run_specs(specs, out)
     meta["total_s"] = time.monotonic() - started
+    meta["generator_policy"] = ", ".join(sorted({d.get("generator_policy", "-") for d in docs}))
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": docs}))
     report(docs, meta, out, docs_dir=args.docs)
     return docs, meta

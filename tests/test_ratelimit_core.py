@@ -230,6 +230,30 @@ def test_rate_estimate_is_right_from_the_start() -> None:
     assert est.rate(0.2) == pytest.approx(500, rel=0.05)
 
 
+def test_rate_estimate_is_not_known_before_it_has_history() -> None:
+    """10 ms of a steady 750/s reads far too low, so it is not ``known``; 0.1 s is."""
+    est = RateEstimate(0.5)
+    assert not est.known(0.0)
+    for i in range(1, 9):
+        est.add(i / 750)
+    assert not est.known(0.01) and est.rate(0.01) < 300
+    for i in range(9, 76):
+        est.add(i / 750)
+    assert est.known(0.1 + 1 / 750)
+    assert est.rate(0.1 + 1 / 750) == pytest.approx(750, rel=0.05)
+
+
+def test_rate_estimate_starts_a_new_history_after_a_long_gap() -> None:
+    """A key that comes back after 5 tau of silence reads its new rate at once, not a ramp."""
+    est = RateEstimate(0.5)
+    for i in range(500):
+        est.add(i / 500)
+    for i in range(100):
+        est.add(10.0 + i / 500)
+    assert est.known(10.2) and est.rate(10.2) == pytest.approx(500, rel=0.05)
+    assert not est.known(10.05)
+
+
 def test_lease_size_and_demand_share() -> None:
     """Lease sizes clamp; sync shares add up to the whole limit in both regimes."""
     assert lease_size(400.0, 0.1, 1, 50) == 40

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,52 @@ def test_pair_probe_compares_two_drivers_with_a_perfect_bucket() -> None:
     assert 480 <= row["perfect"] <= 510  # 600 offered: the burst of 100 + 0.4 s at 1,000/s
     assert all(sum(counts.values()) > 200 for counts in row["decisions"])  # both gateways decided
     assert row["admitted"] <= 1.1 * row["perfect"]
+
+
+def test_decision_reading_replays_the_perfect_bucket_over_decision_times() -> None:
+    """Decided 0.5 s later for the last request than scheduled: over decision times that
+    request had a token (1/s refill), over send times it had not; lateness is reported."""
+    from experiments.ratelimit.decisiontimes import decision_reading
+
+    limits = Limits(1.0, 1)
+    schedule = [(0.0, 0, "k"), (0.5, 1, "k"), (1.0, 0, "k")]
+    results = [
+        Result(0.0, 0, "k", 200, 0.001, 0.0),
+        Result(0.5, 1, "k", 429, 0.001, 0.0, "rate_limited"),
+        Result(1.0, 0, "k", 200, 0.001, 0.0),
+    ]
+    traces = [[(0, 100.0, 200), (2, 101.5, 200)], [(1, 100.5, 429)]]
+    row = decision_reading(results, schedule, traces, limits)
+    assert (row["admitted"], row["perfect"]) == (2, 2)
+    assert row["per_gw"] == [2, 0]
+    assert row["late_p99_ms"] == pytest.approx(500.0)
+    assert row["span_s"] == pytest.approx(1.5)
+    assert admission(results, limits).over == 0
+
+
+@pytest.mark.anyio
+async def test_traced_app_records_each_sequenced_request_and_dumps_once() -> None:
+    """The wrapper records (seq, arrival, status) for requests with x-seq; /_trace drains."""
+    import json
+
+    from experiments.ratelimit.traced import Traced
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 429, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = Traced(inner)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    for headers in ([(b"x-seq", b"7")], []):
+        await app({"type": "http", "path": "/r", "headers": headers}, receive, send)
+    assert [(seq, status) for seq, _, status in app.records] == [(7, 429)]
+    sent.clear()
+    await app({"type": "http", "path": "/_trace", "headers": []}, receive, send)
+    assert [r[0] for r in json.loads(sent[1]["body"])] == [7] and app.records == []

@@ -18,6 +18,7 @@ from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
 from ballast_asgi.ratelimit.lease import LeaseLimiter
 from ballast_asgi.ratelimit.redis_mode import RedisLimiter
 from ballast_asgi.ratelimit.shared import SharedBase
+from ballast_asgi.ratelimit.sync import SyncLimiter, SyncState
 from experiments._harness.procs import free_port
 from experiments._harness.redis import RedisProcess, redis_server, start_redis
 from experiments.ratelimit.delayproxy import DelayProxy
@@ -460,3 +461,49 @@ async def test_client_wrapper_reloads_flushed_scripts(redis: RedisProcess) -> No
     # At once: the drivers' deadline and breaker are the policy, nothing may retry below them.
     assert time.perf_counter() - start < 1.0
     await dead.close()
+
+
+async def _offer(lim: SyncLimiter, clock: FakeClock, until: float, rate: float) -> None:
+    """Decide one request every ``1 / rate`` seconds of ``clock`` up to ``until``."""
+    while clock.now + 1.0 / rate <= until:
+        clock.advance(1.0 / rate)
+        await lim.decide("k", Limits(1000.0, 100))
+
+
+async def test_sync_shares_of_a_new_key_never_add_up_to_more_than_the_limit(
+    redis: RedisProcess,
+) -> None:
+    """A gateway that syncs a new key 10 ms after its first request must not make the other
+    take more than what is left.
+
+    The bug (2026-12-01, +1.1 % at 150 % in the experiment, all of it in a new key's first
+    0.5 s): gateway A published a 10 ms-old demand estimate (about 150/s for a real 750/s),
+    B then read a total below the limit and gave itself 0.8 of it while A still held 0.5.
+    """
+    prefix = uuid.uuid4().hex
+    clocks = [FakeClock(0.0), FakeClock(0.0)]
+    pair = [
+        cast(SyncLimiter, _limiter(redis.url, "sync", prefix, clock=c, sync_interval_ms=60_000))
+        for c in clocks
+    ]
+    try:
+        for _ in range(2):  # the second heartbeat round sees both gateways
+            for lim in pair:
+                await lim.start()
+        a, b = pair
+        await _offer(a, clocks[0], 0.01, 750.0)
+        await a.sync_once()
+        await _offer(b, clocks[1], 0.1, 750.0)
+        await b.sync_once()
+        shares = [cast(SyncState, lim.states.get("k")).share for lim in pair]
+        assert sum(shares) <= 1.0 + 1e-9
+        for until in (0.21, 0.3):  # both estimates mature: the split follows demand again
+            for lim, clock in zip(pair, clocks, strict=True):
+                await _offer(lim, clock, until, 750.0)
+                await lim.sync_once()
+        shares = [cast(SyncState, lim.states.get("k")).share for lim in pair]
+        assert sum(shares) == pytest.approx(1.0, abs=0.02)
+        assert shares[0] == pytest.approx(0.5, abs=0.05)
+    finally:
+        for lim in pair:
+            await lim.close()

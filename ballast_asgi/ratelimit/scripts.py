@@ -38,12 +38,15 @@ return {0, string.format('%.6f', tat - now)}
 )
 
 #: Demand body: record this gateway's recent rate for a key (``id`` -> ``rate:seen``) in the
-#: hash ``hash``, drop entries older than ``stale`` seconds, return the total rate over the
-#: entries left and how many there are (the gateways that published demand for the key).
+#: hash ``hash`` (a negative rate records nothing: the gateway's estimate is too young to
+#: divide a limit by), drop entries older than ``stale`` seconds, return the total rate over
+#: the entries left and how many there are (the gateways that published demand for the key).
 _DEMAND = """
 local function demand(hash, id, rate, stale)
-  redis.call('HSET', hash, id, rate .. ':' .. string.format('%.6f', now))
-  redis.call('PEXPIRE', hash, math.ceil(stale * 1000))
+  if tonumber(rate) >= 0 then
+    redis.call('HSET', hash, id, rate .. ':' .. string.format('%.6f', now))
+    redis.call('PEXPIRE', hash, math.ceil(stale * 1000))
+  end
   local total, live = 0, 0
   local all = redis.call('HGETALL', hash)
   for i = 1, #all, 2 do
@@ -139,7 +142,7 @@ return 0
 )
 
 #: Sync: charge ARGV[3] requests admitted locally, publish this gateway's demand
-#: (ARGV[4] id, ARGV[5] requests/s; entries older than ARGV[6] s are dropped),
+#: (ARGV[4] id, ARGV[5] requests/s, negative: not yet; entries older than ARGV[6] s are dropped),
 #: hand this gateway its part (ARGV[7], a share 0..1) of any excess over the
 #: limit as debt; ARGV[8]: seconds since the last sync (the charged requests are spread
 #: over it, so after an outage a bucket that refilled meanwhile is not charged twice).

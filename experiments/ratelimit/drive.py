@@ -92,7 +92,7 @@ class Result:
 
 async def run(
     targets: Sequence[str], schedule: list[tuple[float, int, str]], prefix: str,
-    header: str = "x-tenant", timeout_s: float = 2.0,
+    header: str = "x-tenant", timeout_s: float = 2.0, seq: bool = False,
 ) -> tuple[list[Result], float]:  # fmt: skip
     """Send the schedule; return the results and the generator's CPU seconds.
 
@@ -100,6 +100,7 @@ async def run(
     pools, no task per request; ``ballast_tools.loadgen.lean``), which costs a
     fraction of aiohttp's CPU: with aiohttp the generator took a whole core at
     1,500 rps on this two-core machine, beside two gateways, the upstream and Redis.
+    ``seq`` adds ``x-seq: <index in the schedule>`` (``traced.py`` keys its records by it).
     """
     results: list[Result] = []
     loop = asyncio.get_running_loop()
@@ -136,7 +137,9 @@ async def run(
             results.append(Result(offset, gw, key, -1, math.nan, lag))
             continue
         flight[slot] = (due, offset, gw, key, lag)
-        pools[gw].send(slot, heads[gw] + f"{header}: {prefix}{key}\r\n\r\n".encode(), timeout_s)
+        extra = f"x-seq: {slot}\r\n" if seq else ""
+        data = heads[gw] + f"{header}: {prefix}{key}\r\n{extra}\r\n".encode()
+        pools[gw].send(slot, data, timeout_s)
     sending = False
     if flight:
         await drained

@@ -75,7 +75,10 @@ def gateway_config(upstream_url: str, section: dict[str, Any] | None) -> dict[st
 
 @contextmanager
 def pairs(
-    configs: dict[str, dict[str, Any]], procs: Procs, workdir: Path
+    configs: dict[str, dict[str, Any]],
+    procs: Procs,
+    workdir: Path,
+    app: str = "ballast_asgi.gateway:app",
 ) -> Iterator[dict[str, Pair]]:
     """Start every pair at once, wait until all listen, stop them all (by PID) at the end."""
     started: dict[str, Pair] = {}
@@ -85,7 +88,7 @@ def pairs(
             path.write_text(yaml.safe_dump(doc))
             env = {**_CLEAN_ENV, "BALLAST_CONFIG": str(path)}
             ports = [free_port(), free_port()]
-            cmds = [_uvicorn("ballast_asgi.gateway:app", port) for port in ports]
+            cmds = [_uvicorn(app, port) for port in ports]
             logs = [f"gw-{name}-{i}" for i in range(len(cmds))]
             children = [
                 procs.start(c, None, None, log, env) for c, log in zip(cmds, logs, strict=True)

@@ -15,7 +15,12 @@ on each event ``r <- r * exp(-dt / tau) + 1 / tau`` (events per second), read
 as ``r * exp(-(now - last) / tau)``. O(1) per request, no buckets. Until it
 has seen a few ``tau`` of history the sum is biased low (it starts from 0), so
 it is divided by ``1 - exp(-age / tau)`` (age at least ``MIN_AGE_S``): a new
-key's first leases are sized to its real rate at once, not to a ramp.
+key's first leases are sized to its real rate at once, not to a ramp. A gap
+of ``5 tau`` without events starts a new history (the sum has decayed to
+nothing, so the same correction applies when a key comes back). Below
+``MIN_AGE_S`` of history the estimate still reads low (10 ms of a steady
+750/s read about 150/s); ``known(now)`` says whether it has seen
+``MATURE_S``, and ``sync`` mode publishes nothing for a key until it has.
 
 **Demand share.** ``demand_share`` splits a limit between gateways by what
 each was recently offered (``sync`` mode's local buckets; ``redis`` mode's
@@ -97,6 +102,9 @@ class ChargeBook:
 
 #: Youngest history the start-up correction trusts (one event reads as ~1 / (tau * 0.1)).
 MIN_AGE_S = 0.05
+#: History an estimate needs before a peer may divide a limit by it (within ~10 % noise at
+#: hundreds of events a second, no bias: ``known``).
+MATURE_S = 0.1
 
 
 class RateEstimate:
@@ -114,7 +122,7 @@ class RateEstimate:
 
     def add(self, now: float, count: float = 1.0) -> None:
         """Count ``count`` events at ``now``."""
-        if self._first is None:
+        if self._first is None or now - self._last > 5 * self.tau_s:
             self._first = now
         self._rate = self._raw(now) + count / self.tau_s
         self._last = now
@@ -123,6 +131,10 @@ class RateEstimate:
         if self._rate == 0.0:
             return 0.0
         return self._rate * math.exp(-max(0.0, now - self._last) / self.tau_s)
+
+    def known(self, now: float) -> bool:
+        """Has the current history lasted ``MATURE_S`` (younger estimates read low)?"""
+        return self._first is not None and now - self._first >= MATURE_S
 
     def rate(self, now: float) -> float:
         """The estimate at ``now`` (events per second), corrected while history is short."""

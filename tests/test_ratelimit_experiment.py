@@ -158,4 +158,18 @@ async def test_traced_app_records_each_sequenced_request_and_dumps_once() -> Non
     assert [(seq, status) for seq, _, status in app.records] == [(7, 429)]
     sent.clear()
     await app({"type": "http", "path": "/_trace", "headers": []}, receive, send)
-    assert [r[0] for r in json.loads(sent[1]["body"])] == [7] and app.records == []
+    doc = json.loads(sent[1]["body"])
+    assert [r[0] for r in doc["requests"]] == [7] and app.records == []
+    assert {"decisions", "slow", "pauses", "collections", "gc_ms"} <= set(doc)
+
+
+def test_run_subset_keeps_the_named_modes_and_the_no_limiter_pair() -> None:
+    """``--only sync`` keeps none and sync (table 1) and slow-/stop-sync, nothing of redis."""
+    from experiments.ratelimit.run import Subset
+
+    keep = Subset(["sync"])
+    assert keep.pairs == {"none", "sync"}
+    configs = {n: {} for n in ("none", "local", "sync", "slow-sync", "stop-redis", "zipf")}
+    assert set(keep(configs)) == {"none", "sync", "slow-sync"}
+    assert Subset(["redis"]).pairs == {"none", "redis", "redis-naive", "zipf", "zipf-naive"}
+    assert "local" in Subset(None).pairs

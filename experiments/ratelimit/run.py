@@ -120,6 +120,8 @@ def phase(
     rows: list[dict[str, Any]], procs: Procs, up: str, configs: dict[str, Any], runs: list[Run]
 ) -> None:
     """Start the pairs of one phase, run its runs in order, stop the pairs."""
+    if not runs:
+        return
     # Each pair is its own group of gateways: its own key prefix (buckets and heartbeats).
     configs = {n: c if c is None else {**c, "key_prefix": f"rl-{n}"} for n, c in configs.items()}
     with pairs({n: gateway_config(up, c) for n, c in configs.items()}, procs, procs.tmp) as started:
@@ -166,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short runs, one repetition")
     ap.add_argument("--keep-burst", action="store_true", help="burst stays 100 when scaled")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/ratelimit.md")
+    ap.add_argument(
+        "--only", nargs="+", choices=["local", "redis", "lease", "sync"], default=None,
+        help="a subset: these modes' rows (and the no-limiter rows) only; prints the rows and "
+        "the tables it has, leaves docs/ratelimit.md and last_run.json alone",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     scale = Scale(args.scale, keep_burst=args.keep_burst)
     if args.quick:
@@ -178,21 +185,25 @@ def main(argv: list[str] | None = None) -> int:
         up = upstream(procs)
         url = rd.url
         one, two = plan_runs(scale, lim)
-        phase(rows, procs, up, {
+        keep = Subset(args.only)
+        phase(rows, procs, up, keep({
             "none": None,
             "local": {"mode": "local", "rate_per_s": lim.rate_per_s, "burst": lim.burst},
             **{m: section(scale, m, url) for m in ("redis", "lease", "sync")},
-        }, one)  # fmt: skip
-        phase(rows, procs, up, {
+        }), [r for r in one if r.pair in keep.pairs])  # fmt: skip
+        phase(rows, procs, up, keep({
             "redis": section(scale, "redis", url), "lease": section(scale, "lease", url),
             "redis-naive": section(scale, "redis", url, breaker={"kind": "naive"}),
             "lease-naive": section(scale, "lease", url, breaker={"kind": "naive"}),
             "zipf": zipf_section(scale, url, "rebuilt"),
             "zipf-naive": zipf_section(scale, url, "naive"),
-        }, two)  # fmt: skip
-        rows += phase_three(scale, procs, up, rd)
+        }), [r for r in two if r.pair in keep.pairs])  # fmt: skip
+        rows += phase_three(scale, procs, up, rd, args.only)
     elapsed = time.monotonic() - started
     meta = _meta(scale, elapsed)
+    if args.only:
+        print(f"subset {args.only}: {len(rows)} runs in {elapsed:.0f} s, load {meta['loadavg']}")
+        return 0
     text = report.render(rows, scale, meta)
     print(text)
     (ROOT / "experiments/ratelimit/last_run.json").write_text(json.dumps(
@@ -203,24 +214,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def phase_three(scale: Scale, procs: Procs, up: str, redis: RedisProcess) -> list[dict[str, Any]]:
+class Subset:
+    """Which pairs a run keeps (``--only``): the named modes' pairs and the no-limiter pair."""
+
+    def __init__(self, modes: list[str] | None) -> None:
+        self.modes = modes
+        names = ["none", "local", "redis", "lease", "sync", "redis-naive", "lease-naive"]
+        names += ["zipf", "zipf-naive"]
+        self.pairs = {n for n in names if self._kept(n)}
+
+    def _kept(self, name: str) -> bool:
+        if self.modes is None or name == "none":
+            return True
+        base = name.split("-")[-1] if name.startswith(("slow-", "stop-")) else name.split("-")[0]
+        return ("redis" if base == "zipf" else base) in self.modes
+
+    def __call__(self, configs: dict[str, Any]) -> dict[str, Any]:
+        """The configs of the kept pairs."""
+        return {n: c for n, c in configs.items() if self._kept(n)}
+
+
+def phase_three(
+    scale: Scale, procs: Procs, up: str, redis: RedisProcess, only: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Redis 5 ms slower (delaying proxy) and Redis stopped mid-run."""
     rows: list[dict[str, Any]] = []
     sh = shapes(scale)
+    modes = [m for m in ("redis", "lease", "sync") if only is None or m in only]
+    if not modes:
+        return rows
     proxy = DelayProxy(redis.port, 0.005).start()
     _KILL["b"] = start_redis(free_port())
     try:
-        configs = {f"slow-{m}": section(scale, m, proxy.url) for m in ("redis", "lease", "sync")}
-        configs |= {
-            f"stop-{m}": section(scale, m, _KILL["b"].url) for m in ("redis", "lease", "sync")
-        }
+        configs = {f"slow-{m}": section(scale, m, proxy.url) for m in modes}
+        configs |= {f"stop-{m}": section(scale, m, _KILL["b"].url) for m in modes}
         runs: list[Run] = []
         for _ in range(scale.reps_150):
             runs += [Run("t3", f"slow-{m}", "slow", sh["even"], scale.limits)
-                     for m in ("redis", "lease", "sync")]  # fmt: skip
+                     for m in modes]  # fmt: skip
             runs += [Run("t3", f"stop-{m}", "stopped", sh["outage"], scale.limits,
                          kill_at_s=3.0, tags={"redis": "b"})
-                     for m in ("redis", "lease", "sync")]  # fmt: skip
+                     for m in modes]  # fmt: skip
         phase(rows, procs, up, configs, runs)
     finally:
         proxy.stop()

@@ -75,3 +75,11 @@ def test_gateway_cpu_rejects_bad_costs(text: str) -> None:
     """--gateway-us takes exactly four non-negative numbers."""
     with pytest.raises(ValueError):
         GatewayCpu.parse(text)
+
+
+def test_queue_tolerance_variant_runs_the_old_tolerance() -> None:
+    """``gradient-q1.5`` is the gradient with ADR 0008's 1.5 queue tolerance (ADR 0012: 1.25)."""
+    spec = replace(plan.sweep(2.0, (4,), ("gradient",))[0], duration_s=2.0)
+    old, new = Model(replace(spec, limiter="gradient-q1.5")), Model(spec)
+    assert getattr(old.limiter.algorithm, "queue_tolerance", None) == 1.5
+    assert getattr(new.limiter.algorithm, "queue_tolerance", None) == 1.25

@@ -79,6 +79,18 @@ def test_first_window_starts_a_probe_pinned_at_probe_limit() -> None:
     assert g.limit == 4
 
 
+def test_first_binding_window_holds_the_limit_until_the_floor_is_probed() -> None:
+    """The first window has no floor to judge by (ratio 1): it neither grows nor cuts."""
+    g = make()
+    now = feed_window(g, 0.0, 0.075)
+    assert g.probing
+    for i in range(10):  # the probe: an idle backend answers at 25 ms
+        t = now + 0.03 + 0.01 * i
+        g.on_sample(Sample(t - 0.025, 0.025, 4, False), t)
+    assert not g.probing
+    assert g.limit == 20  # not 30: the binding first window did not multiply by 1.5
+
+
 def test_probe_counts_only_requests_started_during_it() -> None:
     """Samples of requests started before the probe do not set the no-load RTT."""
     g = make(probe_samples=3)
@@ -92,7 +104,7 @@ def test_probe_counts_only_requests_started_during_it() -> None:
         g.on_sample(Sample(t - 0.02, 0.02, 4, False), t)
     assert not g.probing
     assert g.rtt_noload_s == pytest.approx(0.02)
-    assert g.limit == 30  # restored: 20 grown x1.5 by the binding first window
+    assert g.limit == 20  # restored: the first window holds the limit (no floor yet)
 
 
 def test_grows_multiplicatively_when_binding_at_the_floor() -> None:
@@ -169,6 +181,18 @@ def test_converges_near_the_knee() -> None:
     g = make(initial_limit=100)
     _, limits = simulate(g, 0.0, workers=8, windows=40)
     assert all(8 <= lim <= 16 for lim in limits[-10:])
+
+
+def test_default_tolerance_queues_less_at_the_backend_than_1_5() -> None:
+    """At 8 saturated workers the default (1.25) settles at 13-14 in flight, 1.5 at 16."""
+    settled = {}
+    for q in (1.25, 1.5):
+        g = make(queue_tolerance=q)
+        _, limits = simulate(g, 0.0, workers=8, windows=40)
+        settled[q] = limits[-10:]
+    assert make().queue_tolerance == 1.25
+    assert all(12 <= lim <= 14 for lim in settled[1.25])
+    assert all(lim == 16 for lim in settled[1.5])
 
 
 def test_finds_a_capacity_step_within_a_few_windows() -> None:
@@ -360,7 +384,7 @@ def run_windows(g: GradientLimit, now: float, rtt: float, n: int) -> float:
 
 
 def test_tolerated_queue_does_not_start_a_stuck_probe() -> None:
-    """RTT at 2x the floor (ratio 0.5, the 1.5x-tolerated equilibrium at 8 workers plus
+    """RTT at 2x the floor (ratio 0.5, about the tolerated equilibrium at 8 workers plus
     noise) for many windows: queueing the controller chose, no probe at probe_limit."""
     g = make()
     now = settle(g, 0.0, 0.025)

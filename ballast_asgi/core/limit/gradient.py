@@ -12,7 +12,8 @@ backwards). The full description, with the measurements behind each rule, is
   ``binding_ratio`` of the limit in force *when they started*); a window that
   was not binding brings the limit down to ``peak in-flight * shrink_headroom
   + sqrt(peak)`` (so a capacity drop does not start from a height); a window
-  at the floor multiplies by ``growth_factor`` unless slow start already grew.
+  at the floor multiplies by ``growth_factor`` unless slow start already grew;
+  the first window (no floor measured yet) never grows (ADR 0012).
 * **Slow start**: between windows, a success that started at the limit and
   took at most ``slow_start_tolerance * rtt_noload`` adds ``slow_start_step``
   at once (0.5: the limit grows at most x1.5 per round trip; a capacity step is
@@ -63,7 +64,9 @@ DEFAULT_SLOW_START_STEP = 0.5
 DEFAULT_SHRINK_HEADROOM = 1.25
 #: The window's gradient is ``clamp(queue_tolerance * rtt_noload / rtt_recent)``:
 #: latency up to this factor above the floor is not cut for (1.0: the old rule).
-DEFAULT_QUEUE_TOLERANCE = 1.5
+#: 1.25 (ADR 0012; 1.5 in ADRs 0008-0011): with the loop lag taken out of the
+#: samples (ADR 0010) the larger backend queue only added critical latency.
+DEFAULT_QUEUE_TOLERANCE = 1.25
 #: The rest of the rules' constants (``docs/controller.md``; config keys
 #: ``limiter.gradient.*``): the window's RTT percentile, the growth test and
 #: factor, the cut on a drop, the largest cut per window, the stuck-probe ratio
@@ -302,6 +305,8 @@ class GradientLimit:
         self._count_stuck(ratio)
         binding = at_limit >= max(1.0, _BINDING_SHARE * len(rtts))
         new = self._next_limit(ratio, binding, dropped, slow_started)
+        if not self._probed:  # no floor yet (ratio 1 by definition): hold until the probe
+            new = min(new, self._limit)
         if not binding and self._probed and self.shrink_headroom:
             new = min(new, peak * self.shrink_headroom + math.sqrt(peak))
         self._limit = clamp(new, self.min_limit, self.max_limit)
@@ -317,7 +322,7 @@ class GradientLimit:
         """Count windows far above the floor whose ratio did not recover after a cut.
 
         "Far" is measured after the queue tolerance: at 8 saturated workers the
-        tolerated equilibrium (about 16 in flight) sits at ``ratio`` ~0.5, which
+        tolerated equilibrium (13-16 in flight) sits at ``ratio`` ~0.5, which
         is the controller doing its job, not a floor that moved.
         """
         if ratio * self.queue_tolerance >= self.stuck_ratio:

@@ -78,8 +78,8 @@ def test_gateway_cpu_rejects_bad_costs(text: str) -> None:
 
 
 def test_queue_tolerance_variant_runs_the_old_tolerance() -> None:
-    """``gradient-q1.5`` is the gradient with ADR 0008's 1.5 queue tolerance (ADR 0012: 1.25)."""
+    """``gradient-q1.5`` tolerates 1.5x in binding windows too, as before ADR 0012 (1.25)."""
     spec = replace(plan.sweep(2.0, (4,), ("gradient",))[0], duration_s=2.0)
     old, new = Model(replace(spec, limiter="gradient-q1.5")), Model(spec)
-    assert getattr(old.limiter.algorithm, "queue_tolerance", None) == 1.5
-    assert getattr(new.limiter.algorithm, "queue_tolerance", None) == 1.25
+    assert getattr(old.limiter.algorithm, "queue_tolerance_binding", None) == 1.5
+    assert getattr(new.limiter.algorithm, "queue_tolerance_binding", None) == 1.25

@@ -183,16 +183,29 @@ def test_converges_near_the_knee() -> None:
     assert all(8 <= lim <= 16 for lim in limits[-10:])
 
 
-def test_default_tolerance_queues_less_at_the_backend_than_1_5() -> None:
-    """At 8 saturated workers the default (1.25) settles at 13-14 in flight, 1.5 at 16."""
+def test_binding_tolerance_queues_less_at_the_backend_than_1_5() -> None:
+    """At 8 saturated workers (binding) the default 1.25 settles at 13-14 in flight, 1.5 at 16."""
     settled = {}
     for q in (1.25, 1.5):
-        g = make(queue_tolerance=q)
+        g = make(queue_tolerance_binding=q)
         _, limits = simulate(g, 0.0, workers=8, windows=40)
         settled[q] = limits[-10:]
-    assert make().queue_tolerance == 1.25
+    assert (make().queue_tolerance, make().queue_tolerance_binding) == (1.5, 1.25)
     assert all(12 <= lim <= 14 for lim in settled[1.25])
     assert all(lim == 16 for lim in settled[1.5])
+
+
+def test_a_window_that_did_not_bind_cuts_with_the_looser_tolerance() -> None:
+    """RTT 2x the floor: a binding window keeps 1.25 * 0.5 of the limit, one below it 1.5 * 0.5."""
+    cut = {}
+    for inflight in (None, 12):  # at the limit (20) / below it (but above half)
+        g = make(shrink_headroom=0)
+        now = settle(g, 0.0, 0.025)
+        assert g.limit == 20
+        feed_window(g, now, 0.05, inflight=inflight)
+        cut[inflight] = g.limit
+    assert cut[None] == int(20 * 1.25 * 0.5 + 20**0.5)  # 16
+    assert cut[12] == int(20 * 1.5 * 0.5 + 20**0.5)  # 19
 
 
 def test_finds_a_capacity_step_within_a_few_windows() -> None:

@@ -39,7 +39,7 @@ class AdmissionQueueConfig(Frozen):
 
 
 class GradientConfig(Frozen):
-    """The gradient controller's rules (``limiter.gradient.*``, ADRs 0008-0009).
+    """The gradient controller's rules (``limiter.gradient.*``, ADRs 0008-0012).
 
     Names and defaults are the core's (``core/limit/gradient.py``); the core's
     own checks run on the whole section (their messages name the key, located
@@ -47,6 +47,7 @@ class GradientConfig(Frozen):
     """
 
     queue_tolerance: float = Field(grd.DEFAULT_QUEUE_TOLERANCE, ge=1.0, le=10.0)
+    queue_tolerance_binding: float = Field(grd.DEFAULT_QUEUE_TOLERANCE_BINDING, ge=1.0, le=10.0)
     slow_start_tolerance: float = Field(grd.DEFAULT_SLOW_START_TOLERANCE, ge=0.0, le=10.0)
     slow_start_step: float = Field(grd.DEFAULT_SLOW_START_STEP, ge=0.0, le=4.0)
     shrink_headroom: float = Field(grd.DEFAULT_SHRINK_HEADROOM, ge=0.0, le=10.0)

@@ -57,13 +57,13 @@ from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, 
 HOP_S, HOP_JITTER_S = 0.0005, 0.0005
 #: ``gradient-v1``: the gradient controller with the 2026-12-01 additions
 #: switched off (no slow start, no shrink while not binding, cut at the floor);
-#: ``gradient-q1.5``: the queue tolerance of ADRs 0008-0011 (ADR 0012: 1.25).
+#: ``gradient-q1.5``: 1.5 in binding windows too, as before ADR 0012.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "gradient-v1": (
         "gradient",
         {"slow_start_tolerance": 0, "shrink_headroom": 0, "queue_tolerance": 1.0},
     ),
-    "gradient-q1.5": ("gradient", {"queue_tolerance": 1.5}),
+    "gradient-q1.5": ("gradient", {"queue_tolerance_binding": 1.5}),
 }
 #: An ``asyncio.sleep(t)`` lasts about this much longer than ``t`` (measured
 #: capacity 264 rps against the model's 269).

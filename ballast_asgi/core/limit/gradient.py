@@ -7,7 +7,8 @@ backwards). The full description, with the measurements behind each rule, is
 
 * **Windows** of ``window_ms`` (>= ``min_window_samples`` successes). Per window,
   ``ratio = rtt_noload / rtt_recent`` (``rtt_percentile`` of the window),
-  ``new = limit * clamp(queue_tolerance * ratio, min_gradient, 1) + sqrt(limit)``.
+  ``new = limit * clamp(queue_tolerance * ratio, min_gradient, 1) + sqrt(limit)``
+  (``queue_tolerance_binding`` in a binding window).
   Growth only when the window was binding (>= 25 % of its samples started at
   ``binding_ratio`` of the limit in force *when they started*); a window that
   was not binding brings the limit down to ``peak in-flight * shrink_headroom
@@ -64,9 +65,13 @@ DEFAULT_SLOW_START_STEP = 0.5
 DEFAULT_SHRINK_HEADROOM = 1.25
 #: The window's gradient is ``clamp(queue_tolerance * rtt_noload / rtt_recent)``:
 #: latency up to this factor above the floor is not cut for (1.0: the old rule).
-#: 1.25 (ADR 0012; 1.5 in ADRs 0008-0011): with the loop lag taken out of the
-#: samples (ADR 0010) the larger backend queue only added critical latency.
-DEFAULT_QUEUE_TOLERANCE = 1.25
+DEFAULT_QUEUE_TOLERANCE = 1.5
+#: The tolerance of a *binding* window (our own queue is non-empty): the backend
+#: is the bottleneck, and every request queued there beyond a few delays the
+#: critical tier behind bulk where our priority queue cannot reorder it
+#: (ADR 0012). A window that did not reach the limit keeps ``queue_tolerance``:
+#: its RTT is inflated by the gateway's own loop more than by a backend queue.
+DEFAULT_QUEUE_TOLERANCE_BINDING = 1.25
 #: The rest of the rules' constants (``docs/controller.md``; config keys
 #: ``limiter.gradient.*``): the window's RTT percentile, the growth test and
 #: factor, the cut on a drop, the largest cut per window, the stuck-probe ratio
@@ -124,6 +129,7 @@ class GradientLimit:
         slow_start_step: float = DEFAULT_SLOW_START_STEP,
         shrink_headroom: float = DEFAULT_SHRINK_HEADROOM,
         queue_tolerance: float = DEFAULT_QUEUE_TOLERANCE,
+        queue_tolerance_binding: float = DEFAULT_QUEUE_TOLERANCE_BINDING,
         rng: random.Random | None = None,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
@@ -147,9 +153,12 @@ class GradientLimit:
         if shrink_headroom and shrink_headroom < 1.0:
             raise ValueError(f"shrink_headroom must be 0 (off) or >= 1, got {shrink_headroom}")
         self.shrink_headroom = shrink_headroom
-        if queue_tolerance < 1.0:
-            raise ValueError(f"queue_tolerance must be >= 1.0, got {queue_tolerance}")
+        for key, value in (("queue_tolerance", queue_tolerance),
+                           ("queue_tolerance_binding", queue_tolerance_binding)):  # fmt: skip
+            if value < 1.0:
+                raise ValueError(f"{key} must be >= 1.0, got {value}")
         self.queue_tolerance = queue_tolerance
+        self.queue_tolerance_binding = queue_tolerance_binding
         #: Limit added by slow start since the last window closed.
         self._slow_started = 0.0
         self._rng = rng or random.Random(0)
@@ -321,7 +330,7 @@ class GradientLimit:
     def _count_stuck(self, ratio: float) -> None:
         """Count windows far above the floor whose ratio did not recover after a cut.
 
-        "Far" is measured after the queue tolerance: at 8 saturated workers the
+        "Far" is measured after ``queue_tolerance``: at 8 saturated workers the
         tolerated equilibrium (13-16 in flight) sits at ``ratio`` ~0.5, which
         is the controller doing its job, not a floor that moved.
         """
@@ -336,7 +345,8 @@ class GradientLimit:
 
     def _next_limit(self, ratio: float, binding: bool, dropped: bool, slow: bool) -> float:
         limit = self._limit
-        gradient = clamp(ratio * self.queue_tolerance, self.min_gradient, 1.0)
+        tolerance = self.queue_tolerance_binding if binding else self.queue_tolerance
+        gradient = clamp(ratio * tolerance, self.min_gradient, 1.0)
         new = limit * gradient + math.sqrt(limit)
         if not binding or dropped:
             return min(new, limit)

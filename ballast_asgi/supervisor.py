@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -78,8 +79,28 @@ async def _send_text(send: Send, text: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+#: ``prctl(2)`` option: the signal this process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGTERM this worker when the supervisor dies, even by SIGKILL.
+
+    A worker runs in its own process group, so a signal to the supervisor's
+    group does not reach it; without this, a supervisor killed by the OOM
+    killer or ``kill -9`` would leave its workers serving on, unsupervised.
+    SIGTERM lets the worker drain as on a normal stop. Linux only; elsewhere
+    a no-op. A parent that already died before the call ends the worker too.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _fork(workers: int, traffic: socket.socket, run: WorkerFn, paths: list[str]) -> list[int]:
-    pids = []
+    pids, parent = [], os.getpid()
     for index in range(workers):
         admin = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         admin.bind(paths[index])
@@ -87,6 +108,7 @@ def _fork(workers: int, traffic: socket.socket, run: WorkerFn, paths: list[str])
         pid = os.fork()
         if pid == 0:  # the worker, in its own process group: signals come from the parent only
             os.setpgid(0, 0)
+            _die_with_parent(parent)
             code = 0
             try:
                 run(index, traffic, admin)

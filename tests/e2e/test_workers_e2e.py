@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -69,7 +72,7 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        proc.communicate(timeout=30)  # the workers die with the supervisor (PDEATHSIG)
         stop_thread(server, thread)
     workers = snap["workers"]
     assert sorted(w["worker"]["index"] for w in workers) == [0, 1]
@@ -78,3 +81,46 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
     assert metric(text, "ballast_concurrency_limit") == 10
     assert metric(text, "ballast_requests_total", priority="standard") == 20
     assert len(rec.seen) == 20 and code == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        return os.waitpid(pid, os.WNOHANG)[0] == 0  # not our child: still there
+    return True
+
+
+def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of the supervisor does not leave its workers serving on their own."""
+    rec, up_port = Recorder(), free_port()
+    server, thread = serve_in_thread(rec, up_port)
+    port, admin = free_port(), free_port()
+    config = tmp_path / "gw.yaml"
+    config.write_text(f"upstream: http://127.0.0.1:{up_port}\nserver: {{drain_grace_ms: 0}}\n")
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+            str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    workers: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        workers = [w["worker"]["pid"] for w in
+                   httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()["workers"]]  # fmt: skip
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for an outside process's exit, bounded
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+        stop_thread(server, thread)

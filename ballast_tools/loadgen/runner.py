@@ -143,6 +143,7 @@ class LoadRunner:
         self._offering = False
         self._next = 0  # the next request of the schedule to issue
         self._in_pump = False
+        self._gc = _GcPause(False)
         self._drained: asyncio.Event | None = None
         self._client: _Client = (
             _LeanClient(config, self.schedule.tiers, self._finish)
@@ -174,7 +175,7 @@ class LoadRunner:
     async def _offer(self, pause: _GcPause) -> None:
         clock = time.monotonic  # ns resolution; uvloop's loop.time() is in whole ms
         self._t0 = t0 = clock() + START_DELAY_S
-        self._offering = True
+        self._offering, self._gc = True, pause
         offsets, n = self.schedule.offsets_s, len(self.schedule)
         while self._next < n:
             due = t0 + offsets[self._next]
@@ -184,7 +185,6 @@ class LoadRunner:
                 continue
             behind = now - due > BEHIND_S
             self._pump(now, 1 if behind else PUMP_BATCH)
-            pause.guard()
             if behind:
                 await asyncio.sleep(0)  # catch up one request per loop turn (plus the pumps)
 
@@ -225,6 +225,7 @@ class LoadRunner:
             self._lags[i] = lag
             self.stats.issued(tier_id, offset, lag)
             self._client.send(i, tier_id, tier.deadline_s - lag)
+            self._gc.guard()  # once per issued request, whoever issued it
 
     def _skip(self, tier_id: int, offset: float, lag: float, why: str) -> None:
         self.stats.not_issued(tier_id, offset, why)

@@ -303,8 +303,8 @@ class Gateway:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))
         reconfigure_parts(self.parts, self.config, new, self.clock())
-        if self.pool is not None and self.discovery is None:  # discovery owns the list
-            self.pool.reload(new, self.parts)
+        if self.pool is not None:  # with discovery, the list stays the applied version's
+            self.pool.reload(new, self.parts, discovered=self.discovery is not None)
         self.config = new
         self.websockets.config = new.websocket
         self.websockets.classifier = Classifier(new.priority)

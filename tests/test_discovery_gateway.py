@@ -164,3 +164,30 @@ async def test_metrics_show_the_applied_version() -> None:
     assert "ballast_discovery_config_version 4.0" in text
     assert "ballast_discovery_instances 2.0" in text
     assert "ballast_discovery_rejected_versions_total 0.0" in text
+
+
+async def test_reload_with_discovery_keeps_the_pool_adaptation(tmp_path: object) -> None:
+    """A reload of unrelated keys keeps PoolLimit and the pool-scaled breaker under discovery."""
+    from pathlib import Path
+
+    from ballast_asgi.config import load_config
+    from ballast_asgi.upstreams.limit import PoolLimit
+
+    path = Path(str(tmp_path)) / "gw.yaml"
+    etcd = f"http://127.0.0.1:{free_port()}"
+    head = f"discovery: {{etcd: {{endpoints: [{etcd}]}}, service: api}}\n"
+    head += "upstreams: {per_instance_limit: true}\n"
+    path.write_text(head + "limiter: {window_ms: 500}\nbreaker: {open_ms: 2000}\n")
+    _, transport = _hosts()
+    gw = Gateway(load_config(env={}, path=path), config_path=path, env={}, transport=transport)
+    assert gw.discovery is not None
+    assert gw.discovery.follower.offer(ConfigVersion(1, (A, B)).encode())
+    before = gw.parts.breaker.consecutive_failures
+    assert isinstance(gw.parts.limiter.algorithm, PoolLimit)
+    path.write_text(head + "limiter: {window_ms: 700}\nbreaker: {open_ms: 3000}\n")
+    ok, message = await gw.reload()
+    await gw.discovery.stop()
+    assert ok, message
+    assert isinstance(gw.parts.limiter.algorithm, PoolLimit)
+    assert gw.parts.breaker.consecutive_failures == before == 2 * 10
+    assert gw.parts.breaker.open_s == 3.0

@@ -116,17 +116,23 @@ class PoolRuntime:
             update = {"consecutive_failures": scaled}
             parts.breaker = Breaker.from_config(b.model_copy(update=update))
 
-    def reload(self, new: GatewayConfig, parts: Parts) -> None:
-        """Apply a new instance list (same pool settings) without dropping a request.
+    def reload(self, new: GatewayConfig, parts: Parts, *, discovered: bool = False) -> None:
+        """Apply a new config to the pool without dropping a request.
 
-        The gateway breaker keeps its state unless its settings or the number
+        Without discovery the instance list comes from ``new``; with discovery
+        it is the applied version's and stays. Either way the gateway-wide
+        limiter and breaker are adapted to the pool again, since
+        ``reconfigure_parts`` rebuilt them from plain config when their keys
+        changed. The breaker keeps its state unless its settings or the number
         of instances changed.
         """
         old, self.config = self.config, new
-        self.selector.set_instances(specs(new))
-        if self.checker is not None and self.checker.started:
-            self.checker.sync()
-        same = new.breaker == old.breaker and len(new.instances) == len(old.instances)
+        if not discovered:
+            self.selector.set_instances(specs(new))
+            if self.checker is not None and self.checker.started:
+                self.checker.sync()
+        same_count = discovered or len(new.instances) == len(old.instances)
+        same = new.breaker == old.breaker and same_count
         self.attach(parts, breaker=not same)
 
     def snapshot(self) -> list[dict[str, Any]]:

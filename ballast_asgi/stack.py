@@ -27,6 +27,7 @@ from ballast_asgi.core.limit import LimitAlgorithm, make_limit
 from ballast_asgi.core.limiter import Limiter
 from ballast_asgi.core.queue import PriorityQueue
 from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.routes import RouteTable
 from ballast_asgi.core.types import ASGIApp, Clock
 from ballast_asgi.loop_lag import LoopLagMonitor
 from ballast_asgi.metrics import Metrics
@@ -42,6 +43,7 @@ from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.middleware.retry import RetryMiddleware
 from ballast_asgi.ratelimit.metrics import RateLimitCollector
 from ballast_asgi.ratelimit.runtime import RateLimitRuntime
+from ballast_asgi.routing import RouteCollector, build_breakers, build_routes, routes_snapshot
 
 
 @dataclass(eq=False)
@@ -60,6 +62,8 @@ class Parts:
     capacity: Capacity | None = None
     #: Per-key rate limits (RateLimitMiddleware); built even when disabled, started lazily.
     ratelimit: RateLimitRuntime | None = None
+    #: The route table (admission matches each request once; bounded).
+    routes: RouteTable | None = None
 
     @property
     def breaker(self) -> Breaker:
@@ -68,12 +72,19 @@ class Parts:
 
     @breaker.setter
     def breaker(self, breaker: Breaker) -> None:
-        """Replace the breakers with this one for every key (e.g. scaled to a pool)."""
+        """Replace the breakers with this one for every key."""
         self.breakers = BreakerSet(lambda: breaker, max_keys=0)
+
+    def route_table(self) -> RouteTable:
+        """The route table (an automatic-groups-only one when none was built)."""
+        if self.routes is None:
+            self.routes = RouteTable()
+        return self.routes
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Every collaborator's state as one JSON-safe document."""
         return {
+            "routes": routes_snapshot(self.route_table(), self.breakers, now),
             "limiter": self.limiter.snapshot(now),
             "queue": self.queue.snapshot(),
             "breaker": self.breakers.snapshot(now),
@@ -115,9 +126,11 @@ def build_parts(
 ) -> Parts:
     """Create the collaborators described by ``config``."""
     rng = rng or random.Random()
+    sc = config.shed
     responder = ShedResponder(
-        metrics, status=config.shed.status, jitter=config.shed.retry_after_jitter, rng=rng
-    )
+        metrics, status=sc.status, status_by_reason=sc.status_by_reason,
+        jitter=sc.retry_after_jitter, rng=rng,
+    )  # fmt: skip
     cap = config.max_concurrent_requests
     lag = LoopLagMonitor() if config.limiter.subtract_loop_lag else None  # ADR 0010
     limiter = Limiter(make_algorithm(config, rng), max_limit=cap, loop_lag=lag)
@@ -131,18 +144,22 @@ def build_parts(
     responder.drain_estimate = make_drain_estimate(queue, limiter, clock)
     responder.dry_run = config.load_shed_dry_run
     ratelimit = _make_ratelimit(config, metrics, clock)
-    return Parts(
+    routes = build_routes(config)
+    parts = Parts(
         metrics=metrics,
         responder=responder,
         limiter=limiter,
         queue=queue,
-        breakers=_make_breakers(config),
+        breakers=build_breakers(config, routes),
         budget=RetryBudget.from_config(config.retry),
         clock=clock,
         rng=rng,
         capacity=_make_capacity(config),
         ratelimit=ratelimit,
+        routes=routes,
     )
+    metrics.registry.register(RouteCollector(lambda: (parts.route_table(), parts.breakers), clock))
+    return parts
 
 
 #: Whether ``build_stack`` returns the stages as one ``Pipeline`` (True) or as the
@@ -213,7 +230,8 @@ def build_stages(
     )
     capacity = CapacityMiddleware(body, capacity=parts.capacity, responder=parts.responder)
     ratelimit = None
-    if config.rate_limit.enabled and parts.ratelimit is not None:
+    limited = config.rate_limit.enabled or any(r.rate_limit for r in config.routes)
+    if limited and parts.ratelimit is not None:
         limits = parts.ratelimit
         ratelimit = RateLimitMiddleware(capacity, runtime=limits, responder=parts.responder)
     admission = _admission(ratelimit or capacity, parts, config, route_key)
@@ -258,7 +276,8 @@ def _admission(
         early_drop=early,
         limits=HeadLimits(a.max_headers, a.max_header_bytes, config.proxy.max_body_bytes),
         failure_statuses=config.breaker.failure_statuses,
-        route_key=route_key if config.breaker.scope == "route" else None,
+        route_key=route_key,
+        routes=parts.route_table(),
         clock=parts.clock,
     )
 
@@ -278,14 +297,16 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         per_priority=q.per_priority,
         reserved_fraction=q.reserved_fraction,
     )
-    parts.responder.status = new.shed.status
+    parts.responder.set_statuses(new.shed.status, new.shed.status_by_reason)
     parts.responder.dry_run = new.load_shed_dry_run
     if parts.capacity is not None:
         c = new.capacity
         parts.capacity.reconfigure(c.max_held_requests, c.max_buffered_bytes, c.reserved_fraction)
     parts.responder.jitter = new.shed.retry_after_jitter
-    if new.breaker != old.breaker:
-        parts.breakers = _make_breakers(new)
+    if new.routes != old.routes or new.auto_routes != old.auto_routes:
+        parts.routes = build_routes(new)
+    if new.breaker != old.breaker or new.routes != old.routes or new.auto_routes != old.auto_routes:
+        parts.breakers = build_breakers(new, parts.route_table())
     if new.retry != old.retry:
         parts.budget = RetryBudget.from_config(new.retry)
     if parts.ratelimit is not None and new.rate_limit != old.rate_limit:
@@ -300,10 +321,6 @@ def _make_ratelimit(config: GatewayConfig, metrics: Metrics, clock: Clock) -> Ra
         RateLimitCollector(lambda: runtime.limiter if runtime.config.enabled else None)
     )
     return runtime
-
-
-def _make_breakers(config: GatewayConfig) -> BreakerSet:
-    return BreakerSet(lambda: Breaker.from_config(config.breaker))
 
 
 def _make_capacity(config: GatewayConfig) -> Capacity:

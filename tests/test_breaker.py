@@ -19,6 +19,7 @@ def _breaker(**kw: object) -> Breaker:
         "open_ms": 1_000,
         "max_open_ms": 4_000,
         "probe_timeout_ms": 500,
+        "min_failing_clients": 1,  # the classic rule; the client rule: test_breaker_clients.py
     }
     opts.update(kw)
     return Breaker(**opts)  # type: ignore[arg-type]

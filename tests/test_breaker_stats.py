@@ -42,7 +42,10 @@ def test_old_calls_leave_the_window_and_clear_forgets_all() -> None:
     assert stats.snapshot(0.0) == {
         "window_calls": 3,
         "window_failures": 3,
+        "window_shared_failures": 0,
         "consecutive_failures": 3,
+        "failing_clients": 1,
+        "min_failing_clients": 1,
     }
     assert stats.snapshot(20.0)["window_calls"] == 0
     stats.clear()
@@ -51,7 +54,13 @@ def test_old_calls_leave_the_window_and_clear_forgets_all() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("window_ms", 0), ("failure_ratio", 0.0), ("min_calls", 0), ("consecutive_failures", 0)],
+    [
+        ("window_ms", 0),
+        ("failure_ratio", 0.0),
+        ("min_calls", 0),
+        ("consecutive_failures", 0),
+        ("min_failing_clients", 0),
+    ],
 )
 def test_bad_parameters_are_refused_naming_the_field(field: str, value: float) -> None:
     """Each trip parameter is checked by the core, naming it."""

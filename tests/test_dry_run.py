@@ -122,7 +122,14 @@ def config(dry_run: bool, **extra: Any) -> GatewayConfig:
         "load_shed_dry_run": dry_run,
         "limiter": {"algorithm": "fixed", "fixed_limit": 2},
         "admission_queue": {"enabled": True, "max_queue_size": 2, "per_priority": True},
-        "breaker": {"consecutive_failures": 1, "open_ms": 60_000, "max_open_ms": 60_000},
+        # One breaker any single failure opens (the script has one client and several routes).
+        "breaker": {
+            "consecutive_failures": 1,
+            "open_ms": 60_000,
+            "max_open_ms": 60_000,
+            "scope": "global",
+            "min_failing_clients": 1,
+        },
     }
     for key, value in extra.items():
         section = data.get(key)

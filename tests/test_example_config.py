@@ -34,6 +34,7 @@ ILLUSTRATIVE = {
     ("discovery",),
     ("rate_limit", "routes"),
     ("rate_limit", "overrides"),
+    ("routes",),
 }
 
 Key = tuple[str, ...]

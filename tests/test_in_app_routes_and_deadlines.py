@@ -47,12 +47,17 @@ async def test_a_failing_route_does_not_shed_a_healthy_route() -> None:
     """Twelve 503s open /failing's breaker; /healthy/{item} critical traffic is still served."""
     app = _app()
     handle = ballast_asgi.install(
-        app, {"breaker": {"consecutive_failures": 5}}, registry=CollectorRegistry()
+        app,
+        {"breaker": {"consecutive_failures": 5, "min_failing_clients": 1}},
+        registry=CollectorRegistry(),
     )
     async with _client(app) as c:
-        statuses = [(await c.get("/failing")).status_code for _ in range(12)]
+        answers = [await c.get("/failing") for _ in range(12)]
         healthy = await c.get("/healthy/7", headers={"X-Priority": "critical"})
-    assert statuses[:5] == [503] * 5 and statuses[-1] == 429
+    assert [r.status_code for r in answers[:5]] == [503] * 5
+    assert [r.headers.get("x-ballast-reason") for r in answers[:5]] == [None] * 5
+    assert answers[-1].status_code == 503
+    assert answers[-1].headers["x-ballast-reason"] == "breaker_open"
     assert healthy.status_code == 200 and healthy.json() == {"item": "7"}
     routes = handle.snapshot()["breaker"]["routes"]
     assert routes["/failing"]["state"] == "open"
@@ -64,14 +69,14 @@ async def test_global_scope_keeps_one_breaker() -> None:
     app = _app()
     ballast_asgi.install(
         app,
-        {"breaker": {"consecutive_failures": 5, "scope": "global"}},
+        {"breaker": {"consecutive_failures": 5, "scope": "global", "min_failing_clients": 1}},
         registry=CollectorRegistry(),
     )
     async with _client(app) as c:
         for _ in range(6):
             await c.get("/failing")
         r = await c.get("/healthy/1")
-    assert r.status_code == 429 and r.headers["x-ballast-reason"] == "breaker_open"
+    assert r.status_code == 503 and r.headers["x-ballast-reason"] == "breaker_open"
 
 
 async def test_a_deadline_cancels_the_running_handler_with_504() -> None:

@@ -25,7 +25,7 @@ def make_pool(urls: list[str] = URLS, limit: int = 100, **policy: object) -> Poo
     return Pool(
         [InstanceSpec(u) for u in urls],
         make_limiter=lambda: Limiter(make_limit("fixed", limit=limit)),
-        make_breaker=lambda: Breaker(consecutive_failures=10),
+        make_breaker=lambda: Breaker(min_failing_clients=1, consecutive_failures=10),
         policy=PoolPolicy(**policy),  # type: ignore[arg-type]
         rng=random.Random(11),
     )
@@ -155,7 +155,7 @@ def test_open_instance_breaker_routes_around() -> None:
     pool = Pool(
         [InstanceSpec(u) for u in URLS],
         make_limiter=lambda: Limiter(make_limit("fixed", limit=10)),
-        make_breaker=lambda: Breaker(consecutive_failures=2),
+        make_breaker=lambda: Breaker(min_failing_clients=1, consecutive_failures=2),
         policy=PoolPolicy(outlier=OutlierPolicy(enabled=False)),
         rng=random.Random(1),
     )

@@ -143,7 +143,7 @@ async def test_breaker_opens_sheds_probes_and_closes_when_upstream_returns() -> 
     # one per open period (5 s, 10 s, 20 s, 40 s ...), never retried.
     probes = rig.breaker.transitions["half_open"]
     assert calls_failing <= 10 + probes
-    assert rig.statuses[429] >= sent_failing - calls_failing
+    assert rig.statuses[503] >= sent_failing - calls_failing
     rig.healthy = True
     sent_healthy = await rig.run(60.0)
     await rig.proxy.aclose()

@@ -55,7 +55,9 @@ class Harness:
         self.sleeps: list[float] = []
         self.contexts: list[RequestContext] = []
         self.metrics: Metrics = null_metrics()
-        self.breaker = breaker or Breaker(consecutive_failures=100, min_calls=1000)
+        self.breaker = breaker or Breaker(
+            min_failing_clients=1, consecutive_failures=100, min_calls=1000
+        )
         self.budget = budget or RetryBudget(min_retries_per_s=10.0)
         self.deadline_s = deadline_s
         self.with_ctx = with_ctx
@@ -289,7 +291,7 @@ async def test_503_retried_up_to_max_attempts_then_returned() -> None:
 @pytest.mark.anyio
 async def test_4xx_is_kept_and_is_a_breaker_success() -> None:
     """A 404 is the answer, not a failure: no retry, and the breaker stays closed."""
-    h = Harness([ok(404, b"nope")], breaker=Breaker(consecutive_failures=1))
+    h = Harness([ok(404, b"nope")], breaker=Breaker(min_failing_clients=1, consecutive_failures=1))
     async with h.client() as client:
         r = await client.get("/")
     assert r.status_code == 404 and len(h.calls) == 1
@@ -299,7 +301,7 @@ async def test_4xx_is_kept_and_is_a_breaker_success() -> None:
 @pytest.mark.anyio
 async def test_500_counts_as_failure_but_is_not_retried_by_default() -> None:
     """500 is a breaker failure; only 502/503/504 are retried by default."""
-    h = Harness([ok(500, b"bug")], breaker=Breaker(consecutive_failures=1))
+    h = Harness([ok(500, b"bug")], breaker=Breaker(min_failing_clients=1, consecutive_failures=1))
     async with h.client() as client:
         r = await client.get("/")
     assert r.status_code == 500 and len(h.calls) == 1
@@ -413,7 +415,7 @@ async def test_the_gateways_own_exception_is_neither_retried_nor_a_breaker_failu
     async def bug(scope: Scope, receive: Receive, send: Send, h: Harness) -> None:
         raise ValueError("cannot build the upstream URL")
 
-    h = Harness([bug], breaker=Breaker(consecutive_failures=1))
+    h = Harness([bug], breaker=Breaker(min_failing_clients=1, consecutive_failures=1))
     for _ in range(5):
         with pytest.raises(ValueError):
             await raw_call(h.app)
@@ -435,7 +437,7 @@ async def test_hang_past_deadline_gets_504_and_no_retry() -> None:
 @pytest.mark.anyio
 async def test_deadline_timeouts_never_trip_the_breaker() -> None:
     """Requests whose own budget ran out are not upstream failures: the breaker stays closed."""
-    sensitive = Breaker(consecutive_failures=3, min_calls=5)
+    sensitive = Breaker(min_failing_clients=1, consecutive_failures=3, min_calls=5)
     h = Harness([hang_past_deadline] * 30, deadline_s=1.0, breaker=sensitive)
     async with h.client() as client:
         for _ in range(30):
@@ -469,15 +471,17 @@ async def test_budget_exhausted_returns_the_failure_as_is() -> None:
 
 @pytest.mark.anyio
 async def test_open_breaker_sheds_without_calling_upstream() -> None:
-    """While open: 429, X-Ballast-Reason breaker_open, Retry-After = remaining open time."""
-    breaker = Breaker(consecutive_failures=1, open_ms=7_000, max_open_ms=60_000)
+    """While open: 503, X-Ballast-Reason breaker_open, Retry-After = remaining open time."""
+    breaker = Breaker(
+        min_failing_clients=1, consecutive_failures=1, open_ms=7_000, max_open_ms=60_000
+    )
     h = Harness([ok(503)], breaker=breaker, budget=RetryBudget(budget_ratio=0, min_retries_per_s=0))
     async with h.client() as client:
         first = await client.get("/")
         h.clock.now += 2.2
         r = await client.get("/")
     assert first.status_code == 503 and len(h.calls) == 1
-    assert r.status_code == 429
+    assert r.status_code == 503
     assert r.headers["x-ballast-reason"] == "breaker_open"
     assert r.headers["retry-after"] == "5"
     assert json.loads(r.content)["priority"] == "bulk"
@@ -488,7 +492,7 @@ async def test_open_breaker_sheds_without_calling_upstream() -> None:
 @pytest.mark.anyio
 async def test_a_failure_that_trips_the_breaker_is_not_retried() -> None:
     """No retry once the breaker is open, even with budget left."""
-    h = Harness([ok(503), ok()], breaker=Breaker(consecutive_failures=1))
+    h = Harness([ok(503), ok()], breaker=Breaker(min_failing_clients=1, consecutive_failures=1))
     async with h.client() as client:
         r = await client.get("/")
     assert r.status_code == 503 and len(h.calls) == 1
@@ -503,7 +507,7 @@ async def test_half_open_lets_exactly_one_probe_through_concurrently() -> None:
         await release.wait()
         await ok(200)(scope, receive, send, h)
 
-    breaker = Breaker(consecutive_failures=1, open_ms=1_000)
+    breaker = Breaker(min_failing_clients=1, consecutive_failures=1, open_ms=1_000)
     h = Harness([held], breaker=breaker)
     ticket = breaker.acquire(h.clock())
     assert ticket is not None
@@ -518,7 +522,7 @@ async def test_half_open_lets_exactly_one_probe_through_concurrently() -> None:
         release.set()
         responses = await asyncio.gather(*tasks)
     statuses = sorted(r.status_code for r in responses)
-    assert statuses == [200] + [429] * 49
+    assert statuses == [200] + [503] * 49
     assert len(h.calls) == 1
     assert breaker.state(h.clock()) is BreakerState.CLOSED
 
@@ -526,7 +530,7 @@ async def test_half_open_lets_exactly_one_probe_through_concurrently() -> None:
 @pytest.mark.anyio
 async def test_failed_probe_is_not_retried() -> None:
     """A failing half-open probe reopens the breaker, so its retry is refused."""
-    breaker = Breaker(consecutive_failures=1, open_ms=1_000)
+    breaker = Breaker(min_failing_clients=1, consecutive_failures=1, open_ms=1_000)
     h = Harness([upstream_error("connect", 502), ok()], breaker=breaker)
     ticket = breaker.acquire(h.clock())
     assert ticket is not None
@@ -662,7 +666,7 @@ async def test_cancellation_frees_the_probe_and_propagates() -> None:
         started.set()
         await asyncio.Event().wait()
 
-    breaker = Breaker(consecutive_failures=1, open_ms=1_000)
+    breaker = Breaker(min_failing_clients=1, consecutive_failures=1, open_ms=1_000)
     h = Harness([forever], breaker=breaker)
     t = breaker.acquire(h.clock())
     assert t is not None
@@ -680,14 +684,14 @@ async def test_cancellation_frees_the_probe_and_propagates() -> None:
 @pytest.mark.anyio
 async def test_works_without_admission_context() -> None:
     """Standalone (no RequestContext): one attempt each, 5xx counted, shed as standard."""
-    breaker = Breaker(consecutive_failures=2, open_ms=3_000)
+    breaker = Breaker(min_failing_clients=1, consecutive_failures=2, open_ms=3_000)
     h = Harness([ok(503), ok(503), ok()], breaker=breaker, with_ctx=False)
     async with h.client() as client:
         assert (await client.get("/")).status_code == 503
         r = await client.get("/")
         shed = await client.get("/")
     assert r.status_code == 503 and len(h.calls) == 2
-    assert shed.status_code == 429
+    assert shed.status_code == 503
     assert json.loads(shed.content)["priority"] == "standard"
 
 
@@ -703,7 +707,7 @@ async def test_retry_disabled_means_one_attempt() -> None:
 @pytest.mark.anyio
 async def test_metrics_show_state_transitions_and_budget() -> None:
     """Breaker state, transitions and budget balance are in the exposition."""
-    breaker = Breaker(consecutive_failures=1)
+    breaker = Breaker(min_failing_clients=1, consecutive_failures=1)
     h = Harness([ok(503)], breaker=breaker, budget=RetryBudget(min_retries_per_s=0.5))
     async with h.client() as client:
         await client.get("/")
@@ -759,6 +763,6 @@ async def test_proxy_refusing_every_call_trips_the_breaker() -> None:
 
     async with _proxied(handler, breaker=Breaker(consecutive_failures=5)) as (h, client):
         statuses = [(await client.get("/")).status_code for _ in range(5)]
-    assert statuses[:2] == [502, 502] and statuses[-1] == 429
+    assert statuses[:2] == [502, 502] and statuses[-1] == 503
     assert len(calls) == 5
     assert h.breaker.state(h.clock()) is BreakerState.OPEN

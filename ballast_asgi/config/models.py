@@ -37,6 +37,13 @@ from ballast_asgi.config.request import (
     PriorityRule,
     ProxyConfig,
 )
+from ballast_asgi.config.routes import (
+    AutoRoutesConfig,
+    RouteConfig,
+    RouteLimiterConfig,
+    RouteRateLimitConfig,
+    check_routes,
+)
 from ballast_asgi.config.server import (
     AccessLogConfig,
     AdminConfig,
@@ -69,6 +76,7 @@ __all__ = [
     "AdminConfig",
     "AdmissionConfig",
     "AdmissionQueueConfig",
+    "AutoRoutesConfig",
     "BodyConfig",
     "BreakerConfig",
     "CanaryConfig",
@@ -88,6 +96,9 @@ __all__ = [
     "ProxyConfig",
     "RateLimitConfig",
     "RetryConfig",
+    "RouteConfig",
+    "RouteLimiterConfig",
+    "RouteRateLimitConfig",
     "ServerConfig",
     "ShedConfig",
     "UpstreamInstance",
@@ -133,6 +144,10 @@ class GatewayConfig(Frozen):
     #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
     rate_limit: RateLimitConfig = RateLimitConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()
+    #: Routes, the unit of policy (docs/routes.md): matched once per request, in order.
+    routes: tuple[RouteConfig, ...] = ()
+    #: Requests no route matches: grouped by first path segment, at most ``max_groups``.
+    auto_routes: AutoRoutesConfig = AutoRoutesConfig()
 
     @field_validator("upstream", mode="before")
     @classmethod
@@ -167,6 +182,11 @@ class GatewayConfig(Frozen):
         if isinstance(self.upstream, str):
             return (UpstreamInstance(url=self.upstream),)
         return self.upstream
+
+    @model_validator(mode="after")
+    def _routes(self) -> GatewayConfig:
+        check_routes(self.routes, self.breaker, self.retry)
+        return self
 
     @model_validator(mode="after")
     def _cap(self) -> GatewayConfig:

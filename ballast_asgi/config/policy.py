@@ -7,7 +7,7 @@ models reference them and add the ranges a config file may ask for.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,7 +17,7 @@ from ballast_asgi.core import queue as q
 from ballast_asgi.core import retry_budget as rb
 from ballast_asgi.core.limit import base as lim
 from ballast_asgi.core.limit import gradient as grd
-from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES
+from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES, ShedReason
 
 LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
 LIMITER_NAMES: tuple[str, ...] = ("gradient", "fixed", "aimd", "vegas", "gradient2")
@@ -112,13 +112,21 @@ class BreakerConfig(Frozen):
     #: One breaker per route template (in an app) or rule group, so one failing
     #: route cannot shed another's traffic; ``global``: one breaker for all.
     scope: Literal["route", "global"] = "route"
+    #: A 5xx, timeout or reset counts towards opening only while failures in the
+    #: window come from at least this many distinct client addresses, so one
+    #: client cannot open a breaker for others (connect errors always count:
+    #: they do not depend on the request). 1: any client can (the old rule).
+    min_failing_clients: int = Field(brk.DEFAULT_MIN_FAILING_CLIENTS, ge=1, le=1_000)
 
     @field_validator("failure_statuses")
     @classmethod
     def _statuses(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [s for s in v if not 400 <= s <= 599]
+        bad = [s for s in v if not 500 <= s <= 599]
         if bad:
-            raise ValueError(f"failure statuses must be 4xx or 5xx (400..599), got {bad}")
+            raise ValueError(
+                f"failure statuses must be 5xx (500..599): a 4xx is the request's fault and "
+                f"never counts, got {bad}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -168,8 +176,27 @@ class CapacityConfig(Frozen):
 
 
 class ShedConfig(Frozen):
-    """Shed responses."""
+    """Shed responses: overload sheds 429, unavailability (breaker_open) 503 by default."""
 
+    #: The status of overload sheds (every reason but the unavailability ones).
     status: int = Field(429, ge=400, le=599)
+    #: Per-reason statuses (``{reason: status}``, 400..599); ``breaker_open``
+    #: defaults to 503 (the upstream is unavailable, not the client at fault).
+    status_by_reason: dict[ShedReason, int] = Field(default_factory=dict)
     #: Relative jitter applied to Retry-After.
     retry_after_jitter: float = Field(0.25, ge=0.0, le=1.0)
+
+    @field_validator("status_by_reason", mode="before")
+    @classmethod
+    def _reasons(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        allowed = ", ".join(r.value for r in ShedReason)
+        for reason, status in v.items():
+            if str(reason) not in {r.value for r in ShedReason}:
+                raise ValueError(f"unknown shed reason {reason!r}; allowed: {allowed}")
+            if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+                raise ValueError(
+                    f"status of {reason!r} must be an integer in 400..599, got {status!r}"
+                )
+        return v

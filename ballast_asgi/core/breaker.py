@@ -7,8 +7,11 @@ States and transitions (time is always passed in as ``now``)::
     half_open --half_open_successes probes in a row succeed--> closed
 
 Trip (closed -> open): ``min_calls`` calls over the trailing ``window_ms`` with
-``failures / calls >= failure_ratio``, or ``consecutive_failures`` in a row
-(the statistics and the rule: ``core/breaker_stats.py``).
+``failures / calls >= failure_ratio``, or ``consecutive_failures`` in a row,
+where a failure that depends on the request (5xx, timeout, reset) counts only
+while failures come from at least ``min_failing_clients`` distinct client
+addresses, and a failure that does not (connect error: ``shared``) always
+counts (the statistics and the rule: ``core/breaker_stats.py``).
 
 Open period of the ``n``-th trip in a row (``n = 1`` after a close)::
 
@@ -30,7 +33,9 @@ What counts as a failure is the caller's call (``ticket.record(success)``);
 
 Defaults (the ``DEFAULT_*`` constants below; ``BreakerConfig`` references
 them): window 10 s, ratio 0.5 of at least 20 calls, 10 consecutive failures,
-open 2 s doubling up to 15 s, 1 probe success to close, probe timeout 2 s.
+open 2 s doubling up to 15 s, 1 probe success to close, probe timeout 2 s,
+failures from 3 distinct clients (``min_failing_clients = 1`` is the classic
+breaker: any one caller can open it).
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ DEFAULT_MAX_OPEN_MS = 15_000
 DEFAULT_HALF_OPEN_SUCCESSES = 1
 DEFAULT_PROBE_TIMEOUT_MS = 2_000
 DEFAULT_FAILURE_STATUSES = tuple(sorted(_FAILURE_STATUSES))
+#: The config's default: failures from 3 distinct clients before a 5xx can open a breaker.
+DEFAULT_MIN_FAILING_CLIENTS = 3
 
 
 class Ticket:
@@ -85,10 +92,16 @@ class Ticket:
         """Whether ``record`` or ``cancel`` has been called."""
         return self._settled
 
-    def record(self, success: bool, now: float) -> None:
-        """Report the call's result (exactly once)."""
+    def record(
+        self, success: bool, now: float, *, client: str | None = None, shared: bool = False
+    ) -> None:
+        """Report the call's result (exactly once).
+
+        ``client``: the caller's address; ``shared``: a failure that does not
+        depend on the request (connect error), counted whoever sent it.
+        """
         self._settle()
-        self._breaker._on_result(self, success, now)
+        self._breaker._on_result(self, success, now, client, shared)
 
     def cancel(self) -> None:
         """The call was not made or its result means nothing: free the slot, record nothing."""
@@ -117,16 +130,20 @@ class Breaker:
         probe_timeout_ms: int = DEFAULT_PROBE_TIMEOUT_MS,
         failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
         enabled: bool = True,
+        min_failing_clients: int = DEFAULT_MIN_FAILING_CLIENTS,
     ) -> None:
         self._stats = TripStats(
             window_ms=window_ms,
             failure_ratio=failure_ratio,
             min_calls=min_calls,
             consecutive_failures=consecutive_failures,
+            min_failing_clients=min_failing_clients,
         )
         check("open_ms", 1 <= open_ms <= max_open_ms, open_ms, "in 1..max_open_ms")
         check("half_open_successes", half_open_successes >= 1, half_open_successes, ">= 1")
         check("probe_timeout_ms", probe_timeout_ms >= 1, probe_timeout_ms, ">= 1")
+        statuses = sorted(failure_statuses)
+        check("failure_statuses", all(500 <= x <= 599 for x in statuses), statuses, "5xx only")
         self.enabled = enabled
         self.failure_ratio = failure_ratio
         self.min_calls = min_calls
@@ -161,6 +178,7 @@ class Breaker:
             probe_timeout_ms=config.probe_timeout_ms,
             failure_statuses=config.failure_statuses,
             enabled=config.enabled,
+            min_failing_clients=config.min_failing_clients,
         )
 
     def set_on_transition(self, listener: TransitionListener | None) -> None:
@@ -268,7 +286,9 @@ class Breaker:
     def _open_period_s(self, trips: int) -> float:
         return min(self.max_open_s, self.open_s * 2.0 ** min(trips - 1, 62))
 
-    def _on_result(self, ticket: Ticket, success: bool, now: float) -> None:
+    def _on_result(
+        self, ticket: Ticket, success: bool, now: float, client: str | None, shared: bool
+    ) -> None:
         if not self.enabled:
             return
         self._advance(now)
@@ -276,7 +296,9 @@ class Breaker:
             return
         if ticket.probe:
             self._on_probe_result(ticket, success, now)
-        elif self._state is BreakerState.CLOSED and self._stats.record(success, now):
+        elif self._state is BreakerState.CLOSED and self._stats.record(
+            success, now, client=client, shared=shared
+        ):
             self._enter(BreakerState.OPEN, now)
 
     def _on_probe_result(self, ticket: Ticket, success: bool, now: float) -> None:

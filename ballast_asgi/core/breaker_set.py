@@ -1,19 +1,23 @@
-"""Breakers keyed per route template or rule group (pure).
+"""Breakers keyed per route (pure).
 
 One failing route must not shed another route's traffic, so the breaker stage
-asks ``BreakerSet.get(key)`` for the request's key (``RequestContext.route``:
-the matched route template in an app, a rule group, or None). Each key gets
-its own ``Breaker`` made by the same factory on first use. Keys are bounded
-(``max_keys``, default 64): past it, new keys share the default breaker, so a
-client cannot grow the set by inventing paths (keys are templates, not paths).
+asks ``BreakerSet.get(key)`` for the request's route name
+(``RequestContext.route.name``: a configured route, the app's route template,
+or an automatic first-segment group; ``core/routes.py``). Each key gets its
+own ``Breaker`` on first use, made by its own factory (a route with breaker
+overrides) or the common one. Keys are bounded (``max_keys``, default 64; the
+gateway passes its route table's capacity): past it, new keys share the
+default breaker, so a client cannot grow the set by inventing paths (route
+names are bounded by the route table, never raw paths). ``max_keys = 0``:
+one breaker for everything (``breaker.scope: global``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ballast_asgi.core.breaker import Breaker, TransitionListener
+from ballast_asgi.core.breaker import Breaker, BreakerState, TransitionListener
 
 DEFAULT_MAX_KEYS = 64
 
@@ -21,10 +25,17 @@ DEFAULT_MAX_KEYS = 64
 class BreakerSet:
     """A default breaker plus one per key, created lazily."""
 
-    def __init__(self, factory: Callable[[], Breaker], *, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Breaker],
+        *,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        factories: Mapping[str, Callable[[], Breaker]] | None = None,
+    ) -> None:
         if max_keys < 0:
             raise ValueError(f"max_keys must be >= 0, got {max_keys}")
         self._factory = factory
+        self._factories = dict(factories or {})
         self._max_keys = max_keys
         self.default = factory()
         self._by_key: dict[str, Breaker] = {}
@@ -38,9 +49,23 @@ class BreakerSet:
         if breaker is None:
             if len(self._by_key) >= self._max_keys:
                 return self.default
-            breaker = self._by_key[key] = self._factory()
+            breaker = self._by_key[key] = self._factories.get(key, self._factory)()
             breaker.set_on_transition(self._listener)
         return breaker
+
+    @property
+    def keyed(self) -> bool:
+        """Whether keys get breakers of their own (False: ``breaker.scope: global``)."""
+        return self._max_keys > 0
+
+    def items(self) -> list[tuple[str, Breaker]]:
+        """The keyed breakers created so far, by key."""
+        return sorted(self._by_key.items())
+
+    def worst(self, now: float) -> Breaker:
+        """The breaker in the most open state (open, then half-open, then the default)."""
+        rank = {BreakerState.OPEN: 2, BreakerState.HALF_OPEN: 1, BreakerState.CLOSED: 0}
+        return max(self, key=lambda b: rank[b.state(now)])
 
     def __iter__(self) -> Iterator[Breaker]:
         yield self.default

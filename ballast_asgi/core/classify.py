@@ -23,7 +23,8 @@ Precedence, first match wins:
    matches any run of characters *including* ``/`` (so ``/batch/*`` also
    matches ``/batch/a/b``), ``?`` one character, ``[seq]`` a set. The query
    string is not part of the path. Matching is case-sensitive.
-4. ``default``.
+4. the matched route's ``priority`` (``routes[].priority``), when it sets one;
+5. ``default``.
 
 An ``X-Priority`` header from an untrusted sender is ignored without being
 validated (a forged or garbled value must not turn into a 400 an attacker can
@@ -87,8 +88,12 @@ class Classifier:
         path: str,
         headers: Iterable[tuple[bytes, bytes]],
         client_host: str | None,
+        default: Priority | None = None,
     ) -> tuple[Priority, bool]:
-        """Return ``(tier, header_ignored)``; raise ``HeaderError`` for a bad trusted header."""
+        """Return ``(tier, header_ignored)``; raise ``HeaderError`` for a bad trusted header.
+
+        ``default``: the tier when nothing else decides (the route's), else ``self.default``.
+        """
         raw, key = self._scan(headers)
         ignored = False
         if raw is not None:
@@ -99,13 +104,15 @@ class Classifier:
             found = self._keys.get(key)
             if found is not None:
                 return found, ignored
-        return self._match_rules(method, path), ignored
+        return self._match_rules(method, path, default), ignored
 
-    def classify_scope(self, scope: Mapping[str, Any]) -> tuple[Priority, bool]:
+    def classify_scope(
+        self, scope: Mapping[str, Any], default: Priority | None = None
+    ) -> tuple[Priority, bool]:
         """``classify`` reading method, path, headers and peer from an ASGI HTTP scope."""
         client = scope.get("client")
         host = client[0] if client else None
-        return self.classify(scope["method"], scope["path"], scope["headers"], host)
+        return self.classify(scope["method"], scope["path"], scope["headers"], host, default)
 
     def is_trusted(self, client_host: str | None) -> bool:
         """Whether an ``X-Priority`` header from this peer is honoured."""
@@ -141,14 +148,15 @@ class Classifier:
                     break
         return self._match_rules(method, path)
 
-    def _match_rules(self, method: str, path: str) -> Priority:
+    def _match_rules(self, method: str, path: str, default: Priority | None = None) -> Priority:
+        fallback = self.default if default is None else default
         if not self._rules:
-            return self.default
+            return fallback
         method = method.upper()
         for methods, match, priority in self._rules:
             if (methods is None or method in methods) and match(path):
                 return priority
-        return self.default
+        return fallback
 
     def _in_networks(self, host: str) -> bool:
         try:

@@ -12,6 +12,7 @@ no stage re-derives it from strings, statuses or exceptions.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 
 class Outcome(enum.Enum):
@@ -36,6 +37,25 @@ class ShedReason(enum.StrEnum):
     CAPACITY = "capacity"
     BREAKER_OPEN = "breaker_open"
     RATE_LIMITED = "rate_limited"
+
+
+#: Sheds that mean "the upstream is unavailable", not "you send too much": 503 by default.
+UNAVAILABLE_REASONS = frozenset({ShedReason.BREAKER_OPEN})
+#: The default status of an unavailability shed (every other shed: the overload status, 429).
+UNAVAILABLE_STATUS = 503
+#: The default status of an overload shed.
+OVERLOAD_STATUS = 429
+
+
+def shed_statuses(
+    overload_status: int = OVERLOAD_STATUS, by_reason: Mapping[ShedReason, int] | None = None
+) -> dict[ShedReason, int]:
+    """Every shed reason's response status: ``by_reason``, else 503 (unavailable) or overload."""
+    out = {
+        r: UNAVAILABLE_STATUS if r in UNAVAILABLE_REASONS else overload_status for r in ShedReason
+    }
+    out.update(by_reason or {})
+    return out
 
 
 class AttemptOutcome(enum.Enum):

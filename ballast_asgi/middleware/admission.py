@@ -6,19 +6,24 @@ The outermost shedding stage. For each HTTP request it
    gets 400, too many or too large headers 431, a declared Content-Length
    above the body limit 413, a duplicated X-Deadline-Ms with disagreeing
    values 400; all before anything else (no budget, no permit, no read);
-1. parses ``X-Priority`` and ``X-Deadline-Ms`` (400 naming the header when malformed);
-2. lets the ``Classifier`` (when given) choose the tier: a trusted ``X-Priority``,
-   else consumer key, path rules and the default; an untrusted header is ignored
+1. matches the request to its route, once (``RouteTable.match``: configured
+   routes, the app's route template, an automatic first-segment group; the
+   ``Route`` goes on the context as ``ctx.route`` and every later stage reads
+   its policy from there);
+2. parses ``X-Priority`` and ``X-Deadline-Ms`` (400 naming the header when malformed);
+3. lets the ``Classifier`` (when given) choose the tier: a trusted ``X-Priority``,
+   else consumer key, path rules, the route's priority and the default; the
+   route's ``deadline_ms`` replaces the default deadline; an untrusted header is ignored
    (counted in ``ballast_priority_header_ignored_total``), not validated;
-3. sheds with ``deadline`` a request whose budget is already spent, and with
+4. sheds with ``deadline`` a request whose budget is already spent, and with
    ``early_drop`` one that cannot make its deadline (when an estimator is given);
-4. otherwise creates the ``RequestContext`` and calls the inner app with it in
+5. otherwise creates the ``RequestContext`` and calls the inner app with it in
    scope, with a private copy of the header list (a server appending chunked
    trailers to it later cannot change what is forwarded) in which
    ``X-Priority`` is normalised to the tier chosen, or removed when it was
    ignored (an untrusted value never reaches the upstream).
 
-Dry-run (``responder.dry_run``): a request step 3 would shed is counted in
+Dry-run (``responder.dry_run``): a request step 4 would shed is counted in
 ``ballast_dry_run_shed_total`` and admitted; a dead-on-arrival one goes upstream
 with ``X-Deadline-Ms: 0``. A malformed header is still a 400 (not a shed).
 """
@@ -35,13 +40,14 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.head import HeadLimits, RequestHead, check_target, read_head
 from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES, ShedReason
 from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
+from ballast_asgi.core.routes import Route, RouteTable
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.middleware.responses import ShedResponder, send_refusal
 
-#: The request's breaker key (route template or rule group), or None.
+#: The app's route template of a request (``embed.route_template``), or None.
 RouteKey = Callable[[Scope], "str | None"]
 #: An admitted request: its context, the scope the inner stages get, and a shed to act on.
 Admitted = tuple[RequestContext, Scope, "Shed | None"]
@@ -69,6 +75,7 @@ class AdmissionMiddleware:
         limits: HeadLimits = HeadLimits(),  # noqa: B008 - frozen value object
         failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
         route_key: RouteKey | None = None,
+        routes: RouteTable | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
         if default_deadline_ms is not None and default_deadline_ms <= 0:
@@ -83,6 +90,8 @@ class AdmissionMiddleware:
         self.limits = limits
         self.failure_statuses = frozenset(failure_statuses)
         self.route_key = route_key
+        #: Matches each request to its route (default: automatic groups only).
+        self.routes = RouteTable() if routes is None else routes
         self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,8 +135,12 @@ class AdmissionMiddleware:
         try:
             check_target(scope.get("raw_path") or scope["path"])
             head = read_head(scope["headers"], self.limits)
-            priority, ignored = self._classify(scope, head.priority)
-            deadline = absolute_deadline(head.deadline, now, self.default_deadline_ms)
+            route = self._route(scope)
+            priority, ignored = self._classify(scope, head.priority, route.priority)
+            default_ms: float | None = route.deadline_ms
+            if default_ms is None:
+                default_ms = self.default_deadline_ms
+            deadline = absolute_deadline(head.deadline, now, default_ms)
         except HeaderError as exc:
             return exc
         self.metrics.count_request(priority)
@@ -139,7 +152,7 @@ class AdmissionMiddleware:
             deadline=deadline,
             priority=priority,
             head=head,
-            route=None if self.route_key is None else self.route_key(scope),
+            route=route,
             clock=self.clock,
             failure_statuses=self.failure_statuses,
         )
@@ -152,10 +165,18 @@ class AdmissionMiddleware:
         self.metrics.bad_requests.labels(exc.header).inc()
         await send_refusal(send, exc)
 
-    def _classify(self, scope: Scope, raw_priority: bytes | None) -> tuple[Priority, bool]:
+    def _route(self, scope: Scope) -> Route:
+        """The request's route (matched here, once)."""
+        template = None if self.route_key is None else self.route_key(scope)
+        return self.routes.match(scope["method"], scope["path"], template)
+
+    def _classify(
+        self, scope: Scope, raw_priority: bytes | None, route_priority: Priority | None
+    ) -> tuple[Priority, bool]:
         if self.classifier is None:
-            return parse_priority(raw_priority, self.default_priority), False
-        priority, ignored = self.classifier.classify_scope(scope)
+            default = self.default_priority if route_priority is None else route_priority
+            return parse_priority(raw_priority, default), False
+        priority, ignored = self.classifier.classify_scope(scope, route_priority)
         if ignored:
             self.metrics.priority_ignored.inc()
         return priority, ignored

@@ -2,10 +2,11 @@
 
 The innermost stage (``RetryMiddleware`` runs it once per attempt). Per attempt:
 
-1. The breaker for the request's key (``ctx.route``: route template or rule
-   group; see ``core/breaker_set.py``) is asked for a ticket. While it is open
-   (or half-open with its probe out) the request is shed at once with reason
-   ``breaker_open`` and ``Retry-After`` = the remaining open time.
+1. The breaker of the request's route (``ctx.route.name``, matched once at
+   admission; see ``core/routes.py`` and ``core/breaker_set.py``) is asked for
+   a ticket. While it is open (or half-open with its probe out) the request is
+   shed at once with reason ``breaker_open`` (503 by default: the upstream is
+   unavailable) and ``Retry-After`` = the remaining open time.
 2. The ticket is settled exactly once, from the attempt's ``AttemptOutcome``
    through ``breaker_verdict``: success, failure, or neutral (cancelled: the
    request's own deadline, the client leaving, the gateway's own error). It
@@ -14,7 +15,12 @@ The innermost stage (``RetryMiddleware`` runs it once per attempt). Per attempt:
    without a head. The head's outcome is the one recorded by the producer
    (the proxy or the app's handler stage); when nobody recorded one, the
    status decides (``failure_statuses``). An attempt that raises with nothing
-   recorded is the gateway's own error: neutral.
+   recorded is the gateway's own error: neutral. A failure is reported with
+   the request's client address (``core/forwarded.client_ip``: the peer, or
+   the trusted ``X-Forwarded-For`` client) and, for a connect error, as
+   *shared* (it cannot depend on the request): the breaker opens on
+   request-dependent failures only when several clients fail
+   (``breaker.min_failing_clients``).
 
 A request shed here hands its concurrency permit back at once (released
 IGNORED, ``ctx.permit`` cleared): it never reaches the upstream. Dry-run
@@ -31,6 +37,7 @@ from collections.abc import Awaitable, Collection
 
 from ballast_asgi.core.breaker import Breaker, BreakerState, Ticket
 from ballast_asgi.core.breaker_set import BreakerSet
+from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.outcome import (
     AttemptOutcome,
     Outcome,
@@ -72,7 +79,7 @@ class BreakerMiddleware:
 
     def admits(self, ctx: RequestContext, now: float) -> bool:
         """Whether another attempt of this request would get a ticket (the retry gate)."""
-        return self.breakers.get(ctx.route).can_acquire(now)
+        return self.breakers.get(_key(ctx)).can_acquire(now)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,7 +89,7 @@ class BreakerMiddleware:
         if ctx is not None and ctx.would_shed:  # dry-run: admitted outside every limit
             await self.app(scope, receive, send)
             return
-        breaker = self.breakers.get(None if ctx is None else ctx.route)
+        breaker = self.breakers.get(_key(ctx))
         now = self._clock()
         ticket = breaker.acquire(now)
         if ticket is None:
@@ -92,15 +99,16 @@ class BreakerMiddleware:
             await self._responder.act(shed, ctx, self.app, scope, receive, send)
             return
         failure_statuses = self._failure_statuses
+        client = client_ip(scope)
 
         def settle_at_head(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start" and not ticket.settled:
                 status = int(message["status"])
                 if ctx is None:
-                    self._settle(ticket, status_outcome(status, failure_statuses))
+                    self._settle(ticket, status_outcome(status, failure_statuses), client)
                 else:
                     ctx.record_status(status)
-                    self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR)
+                    self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR, client)
             return send(message)
 
         try:
@@ -108,14 +116,17 @@ class BreakerMiddleware:
         finally:
             if not ticket.settled:
                 recorded = None if ctx is None else ctx.outcome
-                self._settle(ticket, recorded or AttemptOutcome.GATEWAY_ERROR)
+                self._settle(ticket, recorded or AttemptOutcome.GATEWAY_ERROR, client)
 
-    def _settle(self, ticket: Ticket, outcome: AttemptOutcome) -> None:
+    def _settle(self, ticket: Ticket, outcome: AttemptOutcome, client: str | None) -> None:
         verdict = breaker_verdict(outcome)
         if verdict is Verdict.NEUTRAL:
             ticket.cancel()
+        elif verdict is Verdict.SUCCESS:
+            ticket.record(True, self._clock())
         else:
-            ticket.record(verdict is Verdict.SUCCESS, self._clock())
+            shared = outcome is AttemptOutcome.CONNECT_ERROR
+            ticket.record(False, self._clock(), client=client, shared=shared)
 
     @staticmethod
     def _hand_back_permit(ctx: RequestContext | None, now: float) -> None:
@@ -129,16 +140,26 @@ class BreakerMiddleware:
             permit.release(Outcome.IGNORED, now)
 
 
+def _key(ctx: RequestContext | None) -> str | None:
+    """The breaker key of a request: its route's name (None without a context or route)."""
+    if ctx is None or ctx.route is None:
+        return None
+    return ctx.route.name
+
+
 def _single(breaker: Breaker) -> BreakerSet:
     """A set whose every key shares ``breaker``."""
     return BreakerSet(lambda: breaker, max_keys=0)
 
 
 def _bind_metrics(metrics: Metrics, breakers: BreakerSet, clock: Clock) -> None:
-    default = breakers.default
-    metrics.bind_breaker(
-        lambda: default.state(clock()).value, lambda: default.seconds_in_state(clock())
-    )
+    def worst_state() -> str:
+        return breakers.worst(clock()).state(clock()).value
+
+    def worst_seconds() -> float:
+        return breakers.worst(clock()).seconds_in_state(clock())
+
+    metrics.bind_breaker(worst_state, worst_seconds)
     for state in BreakerState:
         metrics.breaker_transitions.labels(state.value)
 

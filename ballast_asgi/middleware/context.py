@@ -10,7 +10,10 @@ missing from the stack.
 Who writes what (one writer per field):
 
 * admission: ``arrival``, ``deadline``, ``priority``, ``head`` (the request
-  headers the stages need, parsed once), ``route``;
+  headers the stages need, parsed once), ``route`` (the matched
+  ``core.routes.Route``, immutable: ``ctx.route.name`` is the breaker key and
+  the ``route`` label, ``ctx.route.limiter_partition`` says whether the route
+  has a limiter partition of its own; matched once, never again);
 * the body stage: ``body`` (the replayable request body, when it fits);
 * the queue / concurrency stage: ``permit``, ``queue_wait_s``;
 * the retry stage: ``attempt`` (through ``next_attempt``);
@@ -41,6 +44,7 @@ from ballast_asgi.core.types import Clock, Scope
 
 if TYPE_CHECKING:
     from ballast_asgi.core.limiter import Permit
+    from ballast_asgi.core.routes import Route
 
 SCOPE_KEY = "ballast"
 
@@ -56,8 +60,8 @@ class RequestContext:
     priority: Priority
     #: The request headers the stages need (parsed once at admission).
     head: RequestHead = NO_HEAD
-    #: The breaker (and route) key: the route template or rule group, None for the default.
-    route: str | None = None
+    #: The request's route and its resolved policy (None: no route table in the stack).
+    route: Route | None = None
     #: The concurrency permit, once granted (by the queue or the limiter stage).
     permit: Permit | None = None
     #: Upstream attempt number, 0 for the original.

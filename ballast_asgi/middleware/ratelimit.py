@@ -1,5 +1,9 @@
 """RateLimitMiddleware: refuse a request over its key's rate limit before it is queued.
 
+The limits are the request's route's own (``ctx.route.rate_limit``, from
+``routes[].rate_limit``) when it has them, else the ``rate_limit`` section's
+(when enabled).
+
 Placed inside admission (after the tier and deadline are known) and outside
 the capacity cap and the queue: a refused request never holds a queue slot, a
 permit or upstream work. The refusal is a ``Shed`` (``rate_limit_shed``) acted
@@ -63,7 +67,15 @@ class RateLimitMiddleware:
         """The request's decision: ``send`` (with the headers of an admission) and no shed,
         or the ``rate_limited`` shed to act on."""
         rt = self.runtime
-        key, limits = rt.resolver.resolve(scope)
+        ctx = find_context(scope)
+        route = None if ctx is None else ctx.route
+        own = None if route is None else route.rate_limit
+        if own is not None and route is not None:
+            key, limits = rt.resolver.resolve_route(scope, route.name, own.rate_per_s, own.burst)
+        elif rt.config.enabled:
+            key, limits = rt.resolver.resolve(scope)
+        else:
+            return send, None  # only routes with their own limit are limited
         limiter = rt.limiter
         start = perf_counter()
         decision = await limiter.decide(key, limits)
@@ -73,7 +85,7 @@ class RateLimitMiddleware:
                 reset = max(0, math.ceil(decision.reset_s))
                 send = _add_headers(send, rate_limit_headers(decision, reset))
             return send, None
-        priority = self.responder.priority_of(find_context(scope))
+        priority = self.responder.priority_of(ctx)
         return send, rate_limit_shed(decision, priority)
 
     def _closing_on_shutdown(self, receive: Receive) -> Receive:

@@ -1,6 +1,7 @@
 """The one place that writes a shed or error response.
 
-A shed answer carries the configured status (default 429), ``Retry-After`` in
+A shed answer carries its reason's status (overload sheds 429, unavailability
+sheds such as ``breaker_open`` 503, both configurable per reason), ``Retry-After`` in
 whole seconds (>= 1), ``X-Ballast-Reason`` and a small JSON body. Retry-After
 comes from the current drain estimate (seconds until the queue would empty at
 recent throughput) with +/-``jitter`` so that clients do not come back in
@@ -14,10 +15,10 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ballast_asgi.core.errors import HeaderError
-from ballast_asgi.core.outcome import ShedReason
+from ballast_asgi.core.outcome import ShedReason, shed_statuses
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
@@ -66,13 +67,14 @@ class ShedResponder:
         metrics: Metrics,
         *,
         status: int = 429,
+        status_by_reason: Mapping[ShedReason, int] | None = None,
         jitter: float = 0.25,
         max_retry_after_s: int = 60,
         rng: random.Random | None = None,
     ) -> None:
-        if not 400 <= status <= 599:
-            raise ValueError(f"shed status must be in 400..599, got {status}")
         self.metrics = metrics
+        self._by_reason: dict[ShedReason, int] = dict(status_by_reason or {})
+        self.statuses: dict[ShedReason, int] = {}
         self.status = status
         self.jitter = jitter
         self.max_retry_after_s = max_retry_after_s
@@ -83,6 +85,25 @@ class ShedResponder:
         #: Set by the composition root; flipped live on reload.
         self.dry_run = False
         self._built: dict[tuple[ShedReason, Priority, int], _Built] = {}
+
+    @property
+    def status(self) -> int:
+        """The overload sheds' status (default 429)."""
+        return self._status
+
+    @status.setter
+    def status(self, status: int) -> None:
+        self.set_statuses(status, self._by_reason)
+
+    def set_statuses(self, status: int, by_reason: Mapping[ShedReason, int] | None) -> None:
+        """The overload status and the per-reason ones (``shed.status_by_reason``)."""
+        statuses = shed_statuses(status, by_reason)
+        bad = {r.value: s for r, s in statuses.items() if not 400 <= s <= 599}
+        if bad or not 400 <= status <= 599:
+            raise ValueError(f"shed status must be in 400..599, got {status} {bad or ''}".strip())
+        self._status = status
+        self._by_reason = dict(by_reason or {})
+        self.statuses = statuses
 
     def retry_after_s(self) -> int:
         """Whole seconds >= 1: the drain estimate with jitter, capped."""
@@ -160,7 +181,8 @@ class ShedResponder:
                 if len(self._built) < _BUILT_MAX:
                     self._built[key] = built
             headers, body = built
-        await send({"type": "http.response.start", "status": self.status, "headers": list(headers)})
+        status = self.statuses[reason]
+        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -36,6 +36,10 @@ and inside the concurrency stage (one permit covers every attempt). Per request:
    are never retried.
 
 Dry-run admitted requests (``ctx.would_shed``) get one attempt.
+
+Per route: a request whose route sets retry overrides (``routes[].retry``,
+resolved once into ``ctx.route.retry``) is retried by those settings
+(attempts, statuses, backoff, buffer); the budget is the gateway's, shared.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from ballast_asgi.config import RetryConfig
 from ballast_asgi.core.capacity import ByteBudget
@@ -63,6 +68,28 @@ AttemptGate = Callable[[RequestContext, float], bool]
 
 def _always(ctx: RequestContext, now: float) -> bool:
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """One retry section, precomputed."""
+
+    max_attempts: int
+    retry_statuses: frozenset[int]
+    hold_bytes: int
+    backoff_base_s: float
+    backoff_max_s: float
+
+    @classmethod
+    def of(cls, cfg: RetryConfig) -> _Policy:
+        enabled = cfg.enabled and cfg.buffer_responses
+        return cls(
+            max_attempts=cfg.max_attempts if enabled else 1,
+            retry_statuses=frozenset(cfg.retry_statuses),
+            hold_bytes=cfg.max_buffer_bytes,
+            backoff_base_s=cfg.backoff_base_ms / 1000.0,
+            backoff_max_s=cfg.backoff_max_ms / 1000.0,
+        )
 
 
 class RetryMiddleware:
@@ -89,16 +116,12 @@ class RetryMiddleware:
         self._budget = budget
         self._metrics = metrics
         self._gate = gate
-        self._retry_statuses = frozenset(cfg.retry_statuses)
+        self._default = _Policy.of(cfg)
+        self._by_route: dict[str, _Policy] = {}
         self._bytes = byte_budget
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._sleep = sleep
-        enabled = cfg.enabled and cfg.buffer_responses
-        self._max_attempts = cfg.max_attempts if enabled else 1
-        self._hold_bytes = cfg.max_buffer_bytes
-        self._backoff_base_s = cfg.backoff_base_ms / 1000.0
-        self._backoff_max_s = cfg.backoff_max_ms / 1000.0
         self._min_attempt_s = min_attempt_ms / 1000.0
         metrics.retry_budget_balance.set_function(lambda: budget.balance(clock()))
 
@@ -128,8 +151,18 @@ class RetryMiddleware:
         self._budget.record_original(self._clock())
         return True
 
+    def policy(self, ctx: RequestContext) -> _Policy:
+        """The retry settings of the request's route (the gateway's unless it overrides them)."""
+        route = ctx.route
+        if route is None or route.retry is None:
+            return self._default
+        found = self._by_route.get(route.name)
+        if found is None:
+            found = self._by_route[route.name] = _Policy.of(route.retry)
+        return found
+
     def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
-        if self._max_attempts <= 1 or ctx.would_shed:
+        if self.policy(ctx).max_attempts <= 1 or ctx.would_shed:
             return False
         return not (ctx.head.has_body and ctx.body is None)
 
@@ -171,14 +204,15 @@ class RetryMiddleware:
     ) -> float | None:
         """The backoff before another attempt, or None to keep this one."""
         outcome = ctx.outcome
-        if outcome is None or not is_retryable(outcome) or ctx.attempt + 1 >= self._max_attempts:
+        policy = self.policy(ctx)
+        if outcome is None or not is_retryable(outcome) or ctx.attempt + 1 >= policy.max_attempts:
             return None
         if not idempotent and outcome is not AttemptOutcome.CONNECT_ERROR:
             return None
-        if outcome is AttemptOutcome.STATUS_5XX and status not in self._retry_statuses:
+        if outcome is AttemptOutcome.STATUS_5XX and status not in policy.retry_statuses:
             return None
         now = self._clock()
-        delay_s = self._delay_s(ctx, now)
+        delay_s = self._delay_s(ctx, now, policy)
         if delay_s is None or not self._gate(ctx, now):
             return None
         if not self._budget.try_acquire_retry(now):
@@ -187,9 +221,9 @@ class RetryMiddleware:
         self._metrics.count_retry("attempted")
         return delay_s
 
-    def _delay_s(self, ctx: RequestContext, now: float) -> float | None:
+    def _delay_s(self, ctx: RequestContext, now: float, policy: _Policy) -> float | None:
         """Full-jitter backoff before the next attempt; None when the deadline is too near."""
-        cap_s = min(self._backoff_max_s, self._backoff_base_s * 2.0**ctx.attempt)
+        cap_s = min(policy.backoff_max_s, policy.backoff_base_s * 2.0**ctx.attempt)
         delay_s = self._rng.uniform(0.0, cap_s) if cap_s > 0 else 0.0
         if ctx.deadline is None:
             return delay_s
@@ -228,7 +262,7 @@ class _Attempt:
         self.idempotent = idempotent
         self.delay_s = 0.0
         self.response = HeldResponse(
-            send, hold=False, limit_bytes=stage._hold_bytes, on_bytes=stage.hold_bytes
+            send, hold=False, limit_bytes=stage.policy(ctx).hold_bytes, on_bytes=stage.hold_bytes
         )
 
     @property

@@ -58,6 +58,12 @@ def instance_limiter(config: GatewayConfig, rng: random.Random) -> Limiter:
 
 
 def instance_breaker(config: GatewayConfig) -> Breaker:
-    """One instance's breaker: the breaker section's settings, or one that never opens."""
+    """One instance's breaker: the breaker section's settings, or one that never opens.
+
+    The pool reports results without the client address, so an instance's
+    breaker counts every failure (``min_failing_clients = 1``); the per-route
+    breakers in front of the pool are the ones no single client can open.
+    """
     enabled = config.upstreams.per_instance_breaker and config.breaker.enabled
-    return Breaker.from_config(config.breaker.model_copy(update={"enabled": enabled}))
+    update = {"enabled": enabled, "min_failing_clients": 1}
+    return Breaker.from_config(config.breaker.model_copy(update=update))

@@ -9,10 +9,11 @@ runs). ``attach(parts)`` adapts the gateway-wide collaborators:
 
 * the gateway-wide limiter enforces the sum of the instances' own limits
   (``PoolLimit``) when each instance has an adaptive limit of its own;
-* the gateway-wide breaker's consecutive-failure rule is multiplied by the
-  number of instances, so one broken instance (whose failures arrive
-  interleaved with the others' successes, and are ejected after a few) cannot
-  open it; its failure-ratio rule opens it when the pool as a whole fails.
+* the gateway's breakers' (one per route) consecutive-failure rule is
+  multiplied by the number of instances, so one broken instance (whose
+  failures arrive interleaved with the others' successes, and are ejected
+  after a few) cannot open one; the failure-ratio rule opens it when the pool
+  as a whole fails.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.upstream import Selector
+from ballast_asgi.routing import build_breakers
 from ballast_asgi.upstreams import metrics as pool_metrics
 from ballast_asgi.upstreams.build import build_pool, specs
 from ballast_asgi.upstreams.checker import HealthChecker
@@ -111,10 +112,8 @@ class PoolRuntime:
                 max_limit=cfg.max_concurrent_requests,
             )
         if breaker:
-            b = cfg.breaker
-            scaled = min(100_000, b.consecutive_failures * len(self.pool.instances))
-            update = {"consecutive_failures": scaled}
-            parts.breaker = Breaker.from_config(b.model_copy(update=update))
+            n = len(self.pool.instances)
+            parts.breakers = build_breakers(cfg, parts.route_table(), consecutive_scale=n)
 
     def reload(self, new: GatewayConfig, parts: Parts, *, discovered: bool = False) -> None:
         """Apply a new config to the pool without dropping a request.
@@ -132,7 +131,12 @@ class PoolRuntime:
             if self.checker is not None and self.checker.started:
                 self.checker.sync()
         same_count = discovered or len(new.instances) == len(old.instances)
-        same = new.breaker == old.breaker and same_count
+        same_policy = (new.breaker, new.routes, new.auto_routes) == (
+            old.breaker,
+            old.routes,
+            old.auto_routes,
+        )
+        same = same_policy and same_count
         self.attach(parts, breaker=not same)
 
     def snapshot(self) -> list[dict[str, Any]]:

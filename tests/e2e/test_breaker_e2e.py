@@ -45,7 +45,7 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, int]]:
 def test_breaker_opens_sheds_fast_and_closes_when_upstream_returns(
     gateway: tuple[str, int],
 ) -> None:
-    """Upstream down: 502s, then fast breaker_open sheds; upstream back: closed and 200s."""
+    """Upstream down: 502s, then fast 503 breaker_open sheds; upstream back: closed and 200s."""
     base, up_port = gateway
     app = Counting()
     server, thread = serve_in_thread(app, up_port)
@@ -57,18 +57,18 @@ def test_breaker_opens_sheds_fast_and_closes_when_upstream_returns(
             assert 502 in statuses
             start = time.monotonic()
             shed = client.get("/x")
-            assert shed.status_code == 429
+            assert shed.status_code == 503
             assert shed.headers["x-ballast-reason"] == "breaker_open"
             assert int(shed.headers["retry-after"]) >= 1
             assert time.monotonic() - start < 0.5
             snap = client.get("/_ballast/snapshot").json()
-            assert snap["breaker"]["state"] in ("open", "half_open")
+            assert snap["routes"]["/x"]["breaker"]["state"] in ("open", "half_open")
             server, thread = serve_in_thread(app, up_port)
             limit = time.monotonic() + 10
             while client.get("/x").status_code != 200:
                 assert time.monotonic() < limit, "breaker never closed"
                 time.sleep(0.05)
-            final = client.get("/_ballast/snapshot").json()["breaker"]
+            final = client.get("/_ballast/snapshot").json()["routes"]["/x"]["breaker"]
         assert final["state"] == "closed"
         assert final["transitions"]["half_open"] >= 1
     finally:

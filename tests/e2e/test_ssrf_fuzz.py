@@ -143,6 +143,8 @@ def test_no_request_reaches_another_host(world: dict[str, Any]) -> None:
         snap["capacity"]["held"] == 0 and snap["capacity"]["buffered_bytes"] == 0
     )
     assert snap["breaker"]["state"] == "closed"
+    assert all(r["breaker"] is None or r["breaker"]["state"] == "closed"
+               for r in snap["routes"].values())  # fmt: skip
     assert world["upstream"].count > 0  # origin-form targets were proxied
 
 

@@ -20,6 +20,11 @@ Limits: the matching route's ``rate_per_s``/``burst`` if it sets them, else a
 per-key-value override (``rate_limit.overrides``), else the default. The
 bucket is ``<route>|<key value>``, so a route with its own limit never shares
 a bucket with the default.
+
+A request whose gateway route (``routes[].rate_limit``, matched once at
+admission) has a rate limit of its own spends from ``<route name>|<key
+value>`` with that route's limits (``resolve_route``), even when the
+``rate_limit`` section itself is disabled.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class KeyResolver:
             (_methods(r), re.compile(fnmatch.translate(r.path)).match, r) for r in routes
         ]
         self._extract = self._extractor(key, consumer_header)
+        self._route_limits: dict[str, Limits] = {}
 
     def _extractor(self, key: str, consumer_header: str) -> Callable[[Mapping[str, Any]], str]:
         if key == "client_ip":
@@ -87,6 +93,15 @@ class KeyResolver:
         limits = route.limits if route and route.limits else self.overrides.get(value, self.default)
         name = route.name if route else DEFAULT_ROUTE
         return f"{name}|{value}", limits
+
+    def resolve_route(
+        self, scope: Mapping[str, Any], name: str, rate_per_s: float, burst: int
+    ) -> tuple[str, Limits]:
+        """The bucket key and limits of a request whose gateway route has its own rate limit."""
+        limits = self._route_limits.get(name)
+        if limits is None or (limits.rate_per_s, limits.burst) != (rate_per_s, burst):
+            limits = self._route_limits[name] = Limits(rate_per_s, burst, name)
+        return f"{name}|{_bounded(self._extract(scope))}", limits
 
     def _route(self, scope: Mapping[str, Any]) -> Route | None:
         if not self._routes:

@@ -1,0 +1,245 @@
+"""Routes: the unit of policy. A request is matched to one ``Route`` once, at admission.
+
+A pure core (standard library only). The admission stage asks
+``RouteTable.match(method, path, template)`` for every request and puts the
+``Route`` it returns on the request context (``ctx.route``); every later
+stage reads its policy from there (breaker, retry, rate limit, limiter
+partition, default priority and deadline) instead of matching again.
+
+Matching, first hit wins:
+
+1. **Configured routes** (``routes:`` in the config), in file order. A route
+   matches when its ``methods`` is empty or holds the request method
+   (case-insensitive) and one of its path patterns matches the request path
+   with the syntax of the priority rules (``core/classify.py``):
+   ``fnmatch.fnmatchcase``, ``*`` matches any run of characters including
+   ``/``, ``?`` one character, ``[seq]`` a set; case-sensitive; no query.
+2. **The app's route template** (in an app: the template of the framework
+   route the request matches, e.g. ``/items/{item_id}``), when a template
+   hook is given. Templates come from the app's own route list, so they are
+   bounded by it; the table still caps them at ``max_templates``.
+3. **An automatic group** (``auto``, on by default): the request's first
+   path segment, so ``/status/500`` is route ``/status`` and ``/get`` is route
+   ``/get``; ``/`` (and an empty first segment) is route ``/``. Only the
+   first ``max_groups`` distinct segments seen get a group of their own; a
+   segment that is not a plain name (``[A-Za-z0-9_.~-]``, at most
+   ``MAX_SEGMENT_CHARS``, not all digits: an id is not an endpoint class)
+   never does. Everything else is the overflow route ``other``. A client
+   inventing paths therefore grows the table (and every per-route breaker,
+   metric label and snapshot entry) by at most ``max_groups`` entries, ever.
+
+With ``auto`` off, an unmatched request is route ``other``.
+
+Route names: configured names are ``[A-Za-z0-9_.-]{1,64}`` and never ``other``;
+automatic and template names start with ``/``; so no two kinds can collide.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ballast_asgi.core.priority import Priority
+
+if TYPE_CHECKING:
+    from ballast_asgi.config.policy import BreakerConfig, RetryConfig
+
+__all__ = [
+    "DEFAULT_MAX_GROUPS",
+    "OTHER",
+    "Route",
+    "RouteRule",
+    "RouteTable",
+    "first_segment_group",
+]
+
+#: Automatic groups by default (plus ``/`` and ``other``).
+DEFAULT_MAX_GROUPS = 32
+#: App route templates kept before the rest go to ``other``.
+DEFAULT_MAX_TEMPLATES = 256
+#: The overflow route.
+OTHER = "other"
+#: The longest first segment that may name a group.
+MAX_SEGMENT_CHARS = 40
+_SEGMENT = re.compile(r"[A-Za-z0-9_.~-]+")
+#: Where a route came from (the snapshot's ``source``).
+SOURCES = ("config", "app", "auto", "overflow")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRateLimit:
+    """A route's own rate limit (per key value of ``rate_limit.key``)."""
+
+    rate_per_s: float
+    burst: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Route:
+    """One route and its resolved policy; immutable, shared by every request it matches.
+
+    ``None`` in a policy field means "the gateway's own setting".
+    """
+
+    #: The route's name: the ``route`` label, the ``/snapshot`` key, the breaker key.
+    name: str
+    #: ``config``, ``app`` (a framework route template), ``auto`` or ``overflow``.
+    source: str = "auto"
+    #: Default tier for requests of this route that no header, consumer or rule classified.
+    priority: Priority | None = None
+    #: Default deadline for requests of this route without ``X-Deadline-Ms``.
+    deadline_ms: int | None = None
+    #: Whether the route gets a limiter partition of its own (``limiter.partition``).
+    limiter_partition: bool = False
+    #: The route's breaker settings (the gateway's merged with the route's overrides).
+    breaker: BreakerConfig | None = None
+    #: The route's retry settings (the gateway's merged with the route's overrides).
+    retry: RetryConfig | None = None
+    #: The route's own rate limit.
+    rate_limit: RouteRateLimit | None = None
+    #: The route's path patterns and methods (configured routes; for the snapshot).
+    paths: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe settings for ``/snapshot``."""
+        return {
+            "source": self.source,
+            "paths": list(self.paths),
+            "methods": list(self.methods),
+            "priority": None if self.priority is None else self.priority.label,
+            "deadline_ms": self.deadline_ms,
+            "limiter_partition": self.limiter_partition,
+            "own_breaker_settings": self.breaker is not None,
+            "own_retry_settings": self.retry is not None,
+            "rate_limit": None
+            if self.rate_limit is None
+            else {"rate_per_s": self.rate_limit.rate_per_s, "burst": self.rate_limit.burst},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """A configured route compiled for matching."""
+
+    route: Route
+    methods: frozenset[str] | None
+    matchers: tuple[Callable[[str], object], ...] = field(default=())
+
+    @classmethod
+    def compile(cls, route: Route) -> RouteRule:
+        """Compile ``route.paths`` (fnmatch patterns) and ``route.methods``."""
+        methods = frozenset(m.strip().upper() for m in route.methods) or None
+        matchers = tuple(re.compile(fnmatch.translate(p)).match for p in route.paths)
+        return cls(route, methods, matchers)
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether a request with this (upper-case) method and path is this route's."""
+        if self.methods is not None and method not in self.methods:
+            return False
+        return any(m(path) for m in self.matchers)
+
+
+def first_segment_group(path: str) -> str | None:
+    """The automatic group of ``path``: ``/<first segment>``, ``/`` for the root, None: none."""
+    segment = path[1:].split("/", 1)[0] if path.startswith("/") else path.split("/", 1)[0]
+    if not segment:
+        return "/"
+    if len(segment) > MAX_SEGMENT_CHARS or segment.isdigit() or not _SEGMENT.fullmatch(segment):
+        return None
+    return "/" + segment
+
+
+class RouteTable:
+    """Matches requests to routes; the set of routes it can ever return is bounded."""
+
+    def __init__(
+        self,
+        routes: Iterable[Route] = (),
+        *,
+        auto: bool = True,
+        max_groups: int = DEFAULT_MAX_GROUPS,
+        max_templates: int = DEFAULT_MAX_TEMPLATES,
+    ) -> None:
+        if max_groups < 0:
+            raise ValueError(f"routes max_groups must be >= 0, got {max_groups}")
+        configured = tuple(routes)
+        names = [r.name for r in configured]
+        if len(set(names)) != len(names):
+            raise ValueError(f"route names must be unique, got {names}")
+        self._rules = tuple(RouteRule.compile(r) for r in configured)
+        self.auto = auto
+        self.max_groups = max_groups
+        self.max_templates = max_templates
+        self.other = Route(OTHER, source="overflow")
+        self._configured = {r.name: r for r in configured}
+        self._groups: dict[str, Route] = {}
+        self._templates: dict[str, Route] = {}
+        #: Requests matched per route name (read by the metrics collector and the snapshot).
+        self.counts: dict[str, int] = {}
+
+    @property
+    def configured(self) -> Sequence[Route]:
+        """The configured routes, in match order."""
+        return tuple(rule.route for rule in self._rules)
+
+    @property
+    def capacity(self) -> int:
+        """The most routes this table can ever hold (the bound on labels and breakers)."""
+        return len(self._rules) + self.max_templates + self.max_groups + 2
+
+    def match(self, method: str, path: str, template: str | None = None) -> Route:
+        """The route of one request (counted in ``counts``)."""
+        route = self._find(method, path, template)
+        name = route.name
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return route
+
+    def _find(self, method: str, path: str, template: str | None) -> Route:
+        if self._rules:
+            upper = method.upper()
+            for rule in self._rules:
+                if rule.matches(upper, path):
+                    return rule.route
+        if template is not None:
+            return self._template(template)
+        if not self.auto:
+            return self.other
+        return self._group(path)
+
+    def _template(self, template: str) -> Route:
+        found = self._templates.get(template)
+        if found is not None:
+            return found
+        if len(self._templates) >= self.max_templates:
+            return self.other
+        name = template if template.startswith("/") else "/" + template
+        route = self._templates[template] = Route(name, source="app")
+        return route
+
+    def _group(self, path: str) -> Route:
+        name = first_segment_group(path)
+        if name is None:
+            return self.other
+        found = self._groups.get(name)
+        if found is not None:
+            return found
+        if len(self._groups) >= self.max_groups:
+            return self.other
+        route = self._groups[name] = Route(name, source="auto")
+        return route
+
+    def known(self) -> dict[str, Route]:
+        """Every route this table has returned or may return by configuration, by name."""
+        out: dict[str, Route] = dict(self._configured)
+        out.update((r.name, r) for r in self._templates.values())
+        out.update(self._groups)
+        out[OTHER] = self.other
+        return out
+
+    def get(self, name: str) -> Route | None:
+        """The route called ``name``, if known."""
+        return self.known().get(name)

@@ -1,0 +1,242 @@
+"""Routes in the composed gateway: one match per request, per-route policy, bounded state."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+import ballast_asgi
+from ballast_asgi.config import build_config, load_config
+from ballast_asgi.gateway import Gateway, build_gateway
+from ballast_asgi.metrics import null_metrics
+from ballast_asgi.middleware.context import find_context
+from ballast_asgi.stack import build_parts, build_stack
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class Upstream:
+    """``/status/N`` answers N, ``/refused/*`` refuses the connection, the rest 200."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append(path)
+        if path.startswith("/refused"):
+            raise httpx.ConnectError("connection refused")
+        if path.startswith("/status/"):
+            return httpx.Response(int(path.split("/")[2]), json={"path": path})
+        return httpx.Response(
+            200, json={"path": path, "priority": request.headers.get("x-priority")}
+        )
+
+
+def _gateway(up: Handler, data: dict[str, Any] | None = None) -> Gateway:
+    config = build_config({"upstream": "http://up.test", **(data or {})})
+    return build_gateway(config, transport=httpx.MockTransport(up), env={})
+
+
+def _client(gw: Gateway, ip: str = "10.0.0.1") -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(gw, client=(ip, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://gw")
+
+
+async def test_one_client_failing_forty_times_costs_another_client_nothing() -> None:
+    """40 failing requests from one address: another address is never shed, on any path."""
+    up = Upstream()
+    gw = _gateway(up)
+    async with _client(gw, "10.0.0.1") as bad:
+        answers = [(await bad.get("/status/500")).status_code for _ in range(40)]
+    assert answers == [500] * 40
+    async with _client(gw, "10.0.0.2") as good:
+        other = [await good.get(p) for p in ("/get", "/status/500", "/status/200")]
+    assert [r.status_code for r in other] == [200, 500, 200]
+    assert all("x-ballast-reason" not in r.headers for r in other)
+    snap = gw.snapshot()
+    assert snap["routes"]["/status"]["breaker"]["state"] == "closed"
+    assert snap["shed"] == {}
+
+
+async def test_a_real_outage_from_five_addresses_opens_the_breaker_with_503() -> None:
+    """Connection refused for five clients: the breaker opens; sheds are 503 breaker_open."""
+    up = Upstream()
+    gw = _gateway(up)
+    seen: list[httpx.Response] = []
+    for i in range(5):
+        async with _client(gw, f"10.0.1.{i}") as c:
+            seen.extend([await c.get("/refused/x") for _ in range(4)])
+    assert {r.status_code for r in seen[:3]} == {502}
+    shed = [r for r in seen if r.headers.get("x-ballast-reason") == "breaker_open"]
+    assert shed and all(r.status_code == 503 for r in shed)
+    assert all(int(r.headers["retry-after"]) >= 1 for r in shed)
+    assert gw.snapshot()["routes"]["/refused"]["breaker"]["state"] == "open"
+
+
+async def test_500s_from_three_addresses_open_only_that_route() -> None:
+    """A 500 outage reported by several addresses opens /status; /get keeps being served."""
+    up = Upstream()
+    gw = _gateway(up)
+    for i in range(12):
+        async with _client(gw, f"10.0.2.{i % 3}") as c:
+            await c.get("/status/500")
+    async with _client(gw, "10.0.2.9") as c:
+        failing = await c.get("/status/500")
+        healthy = await c.get("/get")
+    assert failing.status_code == 503 and failing.headers["x-ballast-reason"] == "breaker_open"
+    assert healthy.status_code == 200
+
+
+async def test_4xx_never_counts_towards_opening() -> None:
+    """Hundreds of 404s and 429s from many addresses leave the breaker closed."""
+    up = Upstream()
+    gw = _gateway(up)
+    for i in range(200):
+        async with _client(gw, f"10.0.3.{i % 7}") as c:
+            assert (await c.get(f"/status/{404 if i % 2 else 429}")).status_code in (404, 429)
+    assert gw.snapshot()["routes"]["/status"]["breaker"]["state"] == "closed"
+
+
+async def test_thousands_of_random_paths_keep_snapshot_and_metrics_bounded() -> None:
+    """3,000 invented paths: routes in the snapshot and route labels stay <= max_groups + 2."""
+    up = Upstream()
+    gw = _gateway(up, {"auto_routes": {"max_groups": 16}})
+    rng = random.Random(3)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_."
+    async with _client(gw) as c:
+        for _ in range(3_000):
+            seg = "".join(rng.choices(alphabet, k=rng.randint(1, 30)))
+            await c.get(f"/{seg}/{rng.randint(0, 10**9)}")
+        text = (await c.get("/_ballast/metrics")).text
+    assert len(gw.snapshot()["routes"]) <= 16 + 1
+    labels = {
+        s.labels["route"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "route" in s.labels
+    }
+    assert 1 < len(labels) <= 16 + 1
+    assert len(gw.parts.breakers.items()) <= 16 + 1
+
+
+async def test_configured_route_sets_priority_deadline_and_is_on_the_context() -> None:
+    """A route's priority and deadline are the defaults of its requests; ctx.route names it."""
+    seen: list[Any] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        ctx = find_context(scope)
+        seen.append((ctx.route, ctx.priority, ctx.remaining_ms()) if ctx else None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = build_config(
+        {
+            "routes": [
+                {"name": "batch", "path": ["/batch", "/batch/*"], "priority": "bulk",
+                 "deadline_ms": 250, "limiter": {"partition": True}},
+            ],
+        },
+        require_upstream=False,
+    )  # fmt: skip
+    parts = build_parts(config, null_metrics())
+    app = build_stack(inner, parts, config, retries=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://a") as c:
+        await c.get("/batch/nightly")
+        await c.get("/batch/x", headers={"X-Priority": "critical", "X-Deadline-Ms": "5000"})
+        await c.get("/other")
+    (r1, p1, left1), (r2, p2, left2), (r3, p3, left3) = seen
+    assert r1.name == "batch" and r1.limiter_partition and p1.label == "bulk"
+    assert 0 < left1 <= 250
+    assert r2 is r1 and p2.label == "critical" and left2 > 250  # headers win over route defaults
+    assert r3.name == "/other" and not r3.limiter_partition and p3.label == "standard"
+    assert left3 is None
+
+
+async def test_route_breaker_overrides_apply_to_that_route_only() -> None:
+    """A route with breaker overrides (1 client, 2 failures) opens alone, after 2 failures."""
+    up = Upstream()
+    strict = {"name": "strict", "path": "/status/503*", "breaker": {"min_failing_clients": 1,
+              "consecutive_failures": 2}, "retry": {"max_attempts": 1}}  # fmt: skip
+    gw = _gateway(up, {"routes": [strict]})
+    async with _client(gw) as c:
+        first = [(await c.get("/status/503")).status_code for _ in range(3)]
+        other = [(await c.get("/status/500")).status_code for _ in range(15)]
+    assert first == [503, 503, 503]
+    assert up.calls.count("/status/503") == 2  # one attempt each (retry override), then open
+    assert other == [500] * 15
+    routes = gw.snapshot()["routes"]
+    assert routes["strict"]["breaker"]["state"] == "open"
+    assert routes["/status"]["breaker"]["state"] == "closed"
+
+
+async def test_route_rate_limit_applies_without_the_section() -> None:
+    """routes[].rate_limit limits that route per client while rate_limit.enabled is false."""
+    up = Upstream()
+    gw = _gateway(up, {"routes": [{"name": "login", "path": "/login", "rate_limit": {
+        "rate_per_s": 0.001, "burst": 2}}]})  # fmt: skip
+    async with _client(gw) as c:
+        statuses = [(await c.get("/login")).status_code for _ in range(4)]
+        free = [(await c.get("/get")).status_code for _ in range(4)]
+    assert statuses == [200, 200, 429, 429]
+    assert free == [200] * 4
+
+
+async def test_status_by_reason_is_configurable_and_reloadable(tmp_path: Path) -> None:
+    """shed.status_by_reason sets a reason's status; a reload changes it live."""
+    up = Upstream()
+    path = tmp_path / "b.yaml"
+    path.write_text("upstream: http://up.test\nshed:\n  status_by_reason: {deadline: 504}\n")
+
+    gw = build_gateway(load_config(env={}, path=path), transport=httpx.MockTransport(up),
+                       config_path=path, env={})  # fmt: skip
+    async with _client(gw) as c:
+        assert (await c.get("/x", headers={"X-Deadline-Ms": "0"})).status_code == 504
+        path.write_text("upstream: http://up.test\n")
+        assert (await gw.reload())[0]
+        assert (await c.get("/x", headers={"X-Deadline-Ms": "0"})).status_code == 429
+
+
+async def test_snapshot_routes_are_keyed_by_name_with_breaker_and_counts() -> None:
+    """/_ballast/snapshot has routes keyed by name: source, requests, breaker state."""
+    up = Upstream()
+    gw = _gateway(up, {"routes": [{"name": "api", "path": "/api/*"}]})
+    async with _client(gw) as c:
+        await c.get("/api/a")
+        await c.get("/get")
+        snap = (await c.get("/_ballast/snapshot")).json()
+    api = snap["routes"]["api"]
+    assert api["source"] == "config" and api["requests"] == 1 and api["paths"] == ["/api/*"]
+    assert api["breaker"]["state"] == "closed"
+    assert snap["routes"]["/get"]["source"] == "auto"
+    assert snap["routes"]["other"]["requests"] == 0
+
+
+async def test_in_an_app_the_route_is_the_template_and_handlers_can_read_it() -> None:
+    """install(): ctx.route.name is the matched route template; unknown paths are grouped."""
+    app = FastAPI()
+
+    @app.get("/items/{item_id}")
+    async def item(item_id: str, request: Request) -> dict[str, str]:
+        return {"route": request.state.ballast.route.name}
+
+    handle = ballast_asgi.install(app, registry=CollectorRegistry())
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+        named = await c.get("/items/42")
+        missing = await c.get("/nothing/here")
+    assert named.json() == {"route": "/items/{item_id}"}
+    assert missing.status_code == 404
+    routes = handle.snapshot()["routes"]
+    assert routes["/items/{item_id}"]["source"] == "app"
+    assert routes["/nothing"]["requests"] == 1

@@ -240,3 +240,27 @@ async def test_in_an_app_the_route_is_the_template_and_handlers_can_read_it() ->
     routes = handle.snapshot()["routes"]
     assert routes["/items/{item_id}"]["source"] == "app"
     assert routes["/nothing"]["requests"] == 1
+
+
+async def test_forged_forwarded_for_cannot_make_one_address_look_like_many() -> None:
+    """An untrusted peer rotating X-Forwarded-For is still one client: the breaker stays closed."""
+    up = Upstream()
+    gw = _gateway(up)
+    async with _client(gw, "10.0.5.1") as c:
+        for i in range(60):
+            r = await c.get("/status/500", headers={"X-Forwarded-For": f"198.51.100.{i}"})
+            assert r.status_code == 500
+    assert gw.snapshot()["routes"]["/status"]["breaker"]["failing_clients"] == 1
+
+
+async def test_clients_behind_a_trusted_proxy_count_as_distinct() -> None:
+    """Behind proxy.trusted_proxies the forwarded client decides: five of them open it."""
+    up = Upstream()
+    gw = _gateway(up, {"proxy": {"trusted_proxies": ["10.9.0.0/16"]}})
+    async with _client(gw, "10.9.0.1") as c:
+        seen = [
+            await c.get("/status/500", headers={"X-Forwarded-For": f"198.51.100.{i % 5}"})
+            for i in range(20)
+        ]
+    assert seen[-1].status_code == 503
+    assert seen[-1].headers["x-ballast-reason"] == "breaker_open"

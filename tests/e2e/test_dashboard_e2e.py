@@ -76,3 +76,36 @@ def test_dashboard_renders_live_data_offline(tmp_path: Path) -> None:
     assert state["limit"] == "3" and state["inflight"] > 0 and state["shedMax"] > 0
     assert all(p > 0 for p in state["points"])
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+async def _status_app(scope: dict[str, object], receive: object, send: object) -> None:
+    """``/status/N`` answers N, the rest 200."""
+    if scope["type"] != "http":
+        return
+    path = str(scope["path"])
+    status = int(path.split("/")[2]) if path.startswith("/status/") else 200
+    await send({"type": "http.response.start", "status": status, "headers": []})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b"x"})  # type: ignore[operator]
+
+
+def test_dashboard_lists_routes_with_their_breaker_state(tmp_path: Path) -> None:
+    """An open route breaker is listed first, as open; a healthy route next to it, closed."""
+    with serving(_status_app, lifespan="off") as up:
+        config = build_config({"upstream": f"http://127.0.0.1:{up}",
+                               "breaker": {"consecutive_failures": 2, "min_failing_clients": 1,
+                                           "open_ms": 60_000, "max_open_ms": 60_000},
+                               "retry": {"enabled": False}})  # fmt: skip
+        with serving(build_gateway(config, env={})) as port:
+            base = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=base, timeout=10) as c:
+                assert [c.get("/status/500").status_code for _ in range(3)] == [500, 500, 503]
+                assert c.get("/get").status_code == 200
+            with Browser(tmp_path / "profile") as browser:
+                browser.call("Page.navigate", url=f"{base}/_ballast/dashboard")
+                browser.pump(3.0)
+                rows = browser.evaluate("""[...document.querySelectorAll('#routes tr[data-route]')]
+                    .map(r => [r.dataset.route, r.dataset.state])""")
+                errors = browser.errors
+    assert errors == []
+    assert rows[0] == ["/status", "open"]
+    assert ["/get", "closed"] in rows

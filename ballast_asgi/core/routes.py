@@ -143,9 +143,14 @@ class RouteRule:
         return any(m(path) for m in self.matchers)
 
 
+def _segment(path: str) -> str:
+    """The first path segment (``""`` for ``/`` and ``//x``)."""
+    return path[1:].split("/", 1)[0] if path.startswith("/") else path.split("/", 1)[0]
+
+
 def first_segment_group(path: str) -> str | None:
     """The automatic group of ``path``: ``/<first segment>``, ``/`` for the root, None: none."""
-    segment = path[1:].split("/", 1)[0] if path.startswith("/") else path.split("/", 1)[0]
+    segment = _segment(path)
     if not segment:
         return "/"
     if len(segment) > MAX_SEGMENT_CHARS or segment.isdigit() or not _SEGMENT.fullmatch(segment):
@@ -177,6 +182,8 @@ class RouteTable:
         self.other = Route(OTHER, source="overflow")
         self._configured = {r.name: r for r in configured}
         self._groups: dict[str, Route] = {}
+        #: The groups by raw first segment (``""`` for ``/``), filled only with valid ones.
+        self._by_segment: dict[str, Route] = {}
         self._templates: dict[str, Route] = {}
         #: Requests matched per route name (read by the metrics collector and the snapshot).
         self.counts: dict[str, int] = {}
@@ -221,16 +228,19 @@ class RouteTable:
         return route
 
     def _group(self, path: str) -> Route:
+        found = self._by_segment.get(_segment(path))
+        if found is not None:  # the common case: a segment seen before, no validation again
+            return found
         name = first_segment_group(path)
         if name is None:
             return self.other
         found = self._groups.get(name)
-        if found is not None:
-            return found
-        if len(self._groups) >= self.max_groups:
-            return self.other
-        route = self._groups[name] = Route(name, source="auto")
-        return route
+        if found is None:
+            if len(self._groups) >= self.max_groups:
+                return self.other
+            found = self._groups[name] = Route(name, source="auto")
+        self._by_segment[name[1:]] = found
+        return found
 
     def known(self) -> dict[str, Route]:
         """Every route this table has returned or may return by configuration, by name."""

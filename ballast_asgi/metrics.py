@@ -95,7 +95,10 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.breaker_state = Gauge(
-            "ballast_breaker_state", "1 for the breaker's current state.", ["state"], registry=r
+            "ballast_breaker_state",
+            "1 for the state of the most open route breaker.",
+            ["state"],
+            registry=r,
         )
         self.breaker_state_seconds = Gauge(
             "ballast_breaker_state_seconds", "Seconds spent in the current breaker state.",

@@ -304,7 +304,9 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         parts.capacity.reconfigure(c.max_held_requests, c.max_buffered_bytes, c.reserved_fraction)
     parts.responder.jitter = new.shed.retry_after_jitter
     if new.routes != old.routes or new.auto_routes != old.auto_routes:
+        counts = parts.route_table().counts
         parts.routes = build_routes(new)
+        parts.routes.counts.update(counts)  # the requests counter keeps counting
     if new.breaker != old.breaker or new.routes != old.routes or new.auto_routes != old.auto_routes:
         parts.breakers = build_breakers(new, parts.route_table())
     if new.retry != old.retry:

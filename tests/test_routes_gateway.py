@@ -264,3 +264,23 @@ async def test_clients_behind_a_trusted_proxy_count_as_distinct() -> None:
         ]
     assert seen[-1].status_code == 503
     assert seen[-1].headers["x-ballast-reason"] == "breaker_open"
+
+
+async def test_a_reload_adds_a_route_and_keeps_counting(tmp_path: Path) -> None:
+    """Reloading with a new route: its requests go there; route counts are not reset."""
+    up = Upstream()
+    path = tmp_path / "b.yaml"
+    path.write_text("upstream: http://up.test\n")
+    gw = build_gateway(load_config(env={}, path=path), transport=httpx.MockTransport(up),
+                       config_path=path, env={})  # fmt: skip
+    async with _client(gw) as c:
+        await c.get("/api/a")
+        path.write_text("upstream: http://up.test\nroutes:\n  - {name: api, path: /api/*}\n")
+        assert (await gw.reload())[0]
+        await c.get("/api/b")
+        path.write_text("upstream: http://up.test\nroutes:\n  - {name: other, path: /x}\n")
+        ok, message = await gw.reload()
+    routes = gw.snapshot()["routes"]
+    assert routes["api"]["requests"] == 1 and "/api" not in routes  # the new table's routes
+    assert gw.parts.route_table().counts["/api"] == 1  # ballast_route_requests_total goes on
+    assert not ok and "routes.0.name" in message  # 'other' is reserved; nothing applied

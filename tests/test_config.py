@@ -162,3 +162,23 @@ def test_bare_cap_selects_the_fixed_limiter(tmp_path: Path) -> None:
     )
     assert cfg.limiter.algorithm == "gradient"
     assert load_config(env={"BALLAST_UPSTREAM": "http://a.test"}).limiter.algorithm == "gradient"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "bound"),
+    [("max_response_headers", 0, "1"), ("max_response_headers", 10_001, "10000"),
+     ("max_response_head_bytes", 1_023, "1024"), ("max_response_head_bytes", 262_145, "262144")],
+)  # fmt: skip
+def test_response_head_limits_out_of_range_name_key_and_range(
+    tmp_path: Path, key: str, value: int, bound: str
+) -> None:
+    """proxy.max_response_headers (1..10000) and max_response_head_bytes (1024..262144)."""
+    text = f"upstream: http://127.0.0.1:1\nproxy:\n  {key}: {value}\n"
+    msg = _error(env={}, path=_write(tmp_path, text))
+    assert f"proxy.{key}" in msg and bound in msg
+
+
+def test_response_head_limits_default_to_envoy_and_nginx_sizes() -> None:
+    """100 fields (Envoy's max_response_headers_count) and 64 KiB of names and values."""
+    proxy = load_config(env=UP).proxy
+    assert (proxy.max_response_headers, proxy.max_response_head_bytes) == (100, 65_536)

@@ -43,10 +43,14 @@ async def _expect(answer: bytes, error: type[Exception], *, max_field_size: int 
     [b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 2000 OK\r\n\r\n", b"\x00\xff\r\n\r\n",
      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
      b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-     b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"],
+     b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+     b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n",
+     b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n",
+     b"HTTP/1.1 200 OK\r\n" + b"X: v\r\n" * 101 + b"Content-Length: 0\r\n\r\n"],
 )  # fmt: skip
 async def test_garbage_is_a_protocol_error(answer: bytes) -> None:
-    """Not HTTP, a bad status, conflicting lengths, a bad chunk, an unasked 101: protocol errors."""
+    """Not HTTP, a bad status (099 is not interim), conflicting lengths, a bad chunk, an unasked
+    101, 101 header fields (over the default 100): protocol errors, the connection closed."""
     await _expect(answer, httpx.RemoteProtocolError)
 
 
@@ -69,7 +73,7 @@ async def test_an_endless_head_is_a_protocol_error() -> None:
             await writer.drain()
 
     async with raw_upstream(endless) as (_raw, up):
-        transport = LeanTransport(max_field_size=1_024)
+        transport = LeanTransport(max_field_size=1_024, max_headers=1_000_000)
         with pytest.raises(httpx.RemoteProtocolError, match="head too large"):
             await get(transport, up)
         await transport.aclose()

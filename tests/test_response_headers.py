@@ -6,7 +6,9 @@ the same on the first and on every later call.
 
 from __future__ import annotations
 
-from ballast_asgi.proxy.headers import response_headers
+import pytest
+
+from ballast_asgi.proxy.headers import BadResponseHead, response_head, response_headers
 
 RAW = [
     (b"Server", b"nginx"),
@@ -15,7 +17,6 @@ RAW = [
     (b"X-Secret", b"s"),
     (b"Keep-Alive", b"timeout=5"),
     (b"Proxy-Authenticate", b"Basic"),
-    (b"TRANSFER-ENCODING", b"chunked"),
     (b"Location", b"http://u/x"),
     (b"Set-Cookie", b"a=1"),
     (b"set-cookie", b"b=2"),
@@ -35,14 +36,71 @@ def test_hop_by_hop_and_connection_named_headers_go_repeats_stay() -> None:
         assert response_headers(RAW) == (EXPECTED, 1024, True)
 
 
-def test_a_non_numeric_content_length_is_kept_but_not_trusted() -> None:
-    """A Content-Length that is not digits passes through and is not used for framing."""
-    for _ in range(2):
-        assert response_headers([(b"Content-Length", b"12x")]) == (
-            [(b"content-length", b"12x")],
-            None,
-            False,
-        )
+@pytest.mark.parametrize("value", [b"12x", b"-1", b"", b"1 2", b"2, 2", b"+2", b"\xd9\xa3"])
+def test_a_content_length_that_is_not_one_run_of_digits_is_refused(value: bytes) -> None:
+    """Not digits, negative, empty, a list, a sign, non-ASCII digits: refused (502)."""
+    with pytest.raises(BadResponseHead, match="Content-Length"):
+        response_headers([(b"Content-Length", value)])
+
+
+def test_a_repeated_content_length_is_refused_even_when_equal() -> None:
+    """Two Content-Length fields (equal or not) are refused, as nginx does."""
+    for second in (b"2", b"3"):
+        with pytest.raises(BadResponseHead, match="Content-Length"):
+            response_headers([(b"Content-Length", b"2"), (b"content-length", second)])
+
+
+def test_one_chunked_coding_is_decoded_and_its_header_dropped() -> None:
+    """``Transfer-Encoding: chunked`` (any case) is the transport's to decode: dropped."""
+    for value in (b"chunked", b"Chunked", b" CHUNKED"):
+        raw = [(b"Transfer-Encoding", value), (b"etag", b"x")]
+        assert response_headers(raw) == ([(b"etag", b"x")], None, False)
+
+
+@pytest.mark.parametrize(
+    "codings",
+    [[b"chunked, gzip"], [b"gzip, chunked"], [b"gzip"], [b"identity"], [b"chunked", b"chunked"],
+     [b"chunked", b"gzip"], [b"chunked,"], [b""]],
+)  # fmt: skip
+def test_any_other_transfer_coding_is_refused(codings: list[bytes]) -> None:
+    """A coding the gateway would not decode (or chunked twice) is refused, never relayed raw."""
+    raw = [(b"transfer-encoding", value) for value in codings]
+    with pytest.raises(BadResponseHead, match="Transfer-Encoding"):
+        response_headers(raw)
+
+
+def test_content_length_with_transfer_encoding_is_refused() -> None:
+    """Both framing headers at once (RFC 9112 6.3: a smuggling sign) are refused."""
+    raw = [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")]
+    with pytest.raises(BadResponseHead, match="both"):
+        response_headers(raw)
+
+
+def test_the_field_count_and_byte_limits_are_inclusive() -> None:
+    """``max_headers`` fields and ``max_bytes`` bytes pass; one more of either is refused."""
+    raw = [(b"x-%d" % i, b"v") for i in range(10)]  # 10 fields, 40 bytes of names and values
+    assert len(response_headers(raw, max_headers=10, max_bytes=40)[0]) == 10
+    with pytest.raises(BadResponseHead, match="11 header fields"):
+        response_headers([*raw, (b"y", b"")], max_headers=10)
+    with pytest.raises(BadResponseHead, match="too big header"):
+        response_headers(raw, max_headers=10, max_bytes=39)
+
+
+@pytest.mark.parametrize("status", [0, 99, 100, 101, 103, 199, 600, 999, 1000])
+def test_a_status_outside_200_599_is_refused(status: int) -> None:
+    """Only final statuses 200-599 are relayed; 1xx never reach here except unasked (101)."""
+    with pytest.raises(BadResponseHead, match="status"):
+        response_head(status, [])
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_no_content_statuses_lose_a_nonzero_length(status: int) -> None:
+    """204/304 with Content-Length 5: the length goes (uvicorn would wait for 5 bytes); 0 stays."""
+    raw = [(b"content-length", b"5"), (b"etag", b"x")]
+    assert response_head(status, raw) == ([(b"etag", b"x")], 0, False)
+    zero = [(b"content-length", b"0")]
+    assert response_head(status, zero) == ([(b"content-length", b"0")], 0, False)
+    assert response_head(200, raw) == ([(b"content-length", b"5"), (b"etag", b"x")], 5, False)
 
 
 def test_connection_naming_content_length_drops_the_framing() -> None:

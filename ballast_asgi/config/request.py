@@ -50,6 +50,13 @@ class ProxyConfig(Frozen):
     #: Send the client's Host upstream instead of the upstream's (then redirects
     #: need no rewriting); by default Location headers are rewritten (redirects.py).
     preserve_host: bool = False
+    #: An upstream response head with more header fields than this gets 502 (Envoy's
+    #: max_response_headers_count is 100).
+    max_response_headers: int = Field(100, ge=1, le=10_000)
+    #: ... or with more bytes of header names and values than this (nginx: "upstream sent
+    #: too big header"); one field is also bounded by 64 KiB, a whole head read by
+    #: the httpx transport by 100 KiB (httpcore's own limit).
+    max_response_head_bytes: int = Field(64 * 1024, ge=1_024, le=256 * 1024)
 
     @field_validator("ca_file")
     @classmethod

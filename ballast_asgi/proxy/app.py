@@ -29,7 +29,11 @@ docs/proxying.md says it for users):
   ``X-Deadline-Ms: 0`` and ``timeout_ms``); otherwise ``timeout_ms`` bounds the
   wait for the head and each read.
 * Failures are translated in one place (``failures.py``): timeouts -> 504,
-  connect and protocol errors -> 502.
+  connect and protocol errors -> 502. A response head the gateway cannot
+  relay faithfully (``headers.response_head``: a status outside 200-599, too
+  many or too large header fields, a bad Content-Length, a transfer coding
+  other than ``chunked``) is a protocol error too, refused before any byte of
+  it reaches the client; a 204 or 304 is relayed without its Content-Length.
 * The call itself (``calls.py``): on our own transports an in-memory body goes
   without httpx objects (the default lean transport's ``send_lean`` for plain
   http upstreams, aiohttp's ``send_direct`` otherwise); everything else
@@ -73,7 +77,13 @@ from ballast_asgi.proxy.failures import (
     status_outcome,
     too_large,
 )
-from ballast_asgi.proxy.headers import DEADLINE, origin_form, request_headers, response_headers
+from ballast_asgi.proxy.headers import (
+    DEADLINE,
+    BadResponseHead,
+    origin_form,
+    request_headers,
+    response_head,
+)
 from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
 from ballast_asgi.proxy.transport import (
@@ -85,6 +95,8 @@ from ballast_asgi.proxy.transport import (
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+#: The response head as relayed: headers, Content-Length (None: unknown), has a Location.
+Head = tuple[RawHeaders, int | None, bool]
 #: A timeout this close to the request's deadline was the deadline, not the upstream.
 _DEADLINE_SLACK_S = 0.002
 
@@ -127,6 +139,8 @@ class ProxyApp:
         #: aiohttp's form of it, built once (requests without a deadline all use it).
         self._default_limits = client_timeout(self._default_timeout)
         self._send_timeout_s = config.send_timeout_ms / 1000.0
+        self._max_headers = config.max_response_headers
+        self._max_head_bytes = config.max_response_head_bytes
         drop_request_trailers()  # before uvicorn parses a request: trailers are not headers
 
     # -- lifecycle ------------------------------------------------------------
@@ -246,10 +260,11 @@ class ProxyApp:
             request = httpx_request(scope, upstream, headers, stream, timeout, source)
             call = self._send_httpx(request)
         head_s = timeout["read"] if "total" in timeout and not self._bounds_total else None
-        response = await self._attempt(call, upstream, send, ctx, source, head_s)
-        if response is not None:
+        attempt = await self._attempt(call, upstream, send, ctx, source, head_s)
+        if attempt is not None:
+            response, head = attempt
             try:
-                await self._respond(response, upstream, scope, receive, send, ctx, source)
+                await self._respond(response, head, upstream, scope, receive, send, ctx, source)
             finally:
                 await response.aclose()
 
@@ -269,8 +284,9 @@ class ProxyApp:
         ctx: RequestContext | None,
         source: RequestBodyStream | None,
         head_s: float | None,
-    ) -> Response | None:
-        """One upstream call up to the response head (bounded by ``head_s``), recorded once."""
+    ) -> tuple[Response, Head] | None:
+        """One upstream call up to the checked response head (bounded by ``head_s``),
+        recorded once; a head ``response_head`` refuses is a protocol error (502)."""
         started = self.clock()
         try:
             if head_s is None:
@@ -281,14 +297,21 @@ class ProxyApp:
         except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
             return None
+        status = response.status_code
+        raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
+        try:
+            head = response_head(status, raw, self._max_headers, self._max_head_bytes)
+        except BadResponseHead as exc:
+            await response.aclose()  # not read: the upstream connection is closed
+            await self._attempt_failed(exc, upstream, send, ctx, source)
+            return None
         now = self.clock()
         rtt_s = now - started
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(rtt_s)
-        status = response.status_code
         outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
         self._record(ctx, upstream, outcome, rtt_s, now)
-        return response
+        return response, head
 
     async def _attempt_failed(
         self,
@@ -312,6 +335,7 @@ class ProxyApp:
     async def _respond(
         self,
         response: Response,
+        head: Head,
         upstream: Upstream,
         scope: Scope,
         receive: Receive,
@@ -320,8 +344,7 @@ class ProxyApp:
         source: RequestBodyStream | None,
     ) -> None:
         status = response.status_code
-        raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
-        headers, length, location = response_headers(raw)
+        headers, length, location = head
         if location and not self.config.preserve_host:
             headers = rewrite_locations(headers, upstream, scope)
         try:
@@ -329,7 +352,7 @@ class ProxyApp:
         except OSError:
             _gone(ctx)
             return
-        if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES or status < 200:
+        if scope["method"] == "HEAD" or status in _NO_BODY_STATUSES:
             length = 0
         elif isinstance(response, DirectResponse) and length and length <= UNTIMED_BYTES:
             body = response.stream.arrived(length)

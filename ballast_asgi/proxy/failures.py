@@ -4,7 +4,8 @@ Kinds (``ctx.upstream_error`` values and the ``kind`` label of
 ``ballast_upstream_errors``): ``timeout`` (the gateway's own upstream timeout:
 504), ``deadline`` (the request's X-Deadline-Ms ran out: 504, says nothing
 about the upstream), ``connect`` (502), ``protocol`` (reset, malformed or
-truncated answer: 502). Small JSON bodies, never a stack trace.
+truncated answer, or a response head ``headers.response_head`` refuses:
+502). Small JSON bodies, never a stack trace.
 """
 
 from __future__ import annotations

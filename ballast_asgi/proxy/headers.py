@@ -12,6 +12,12 @@ appended to any earlier values (joined into one header, as nginx's
 ``$proxy_add_x_forwarded_for``); ``X-Forwarded-Proto`` is replaced by the
 scope's scheme; ``X-Deadline-Ms`` is replaced when the gateway computed the
 remaining budget.
+
+Response side, in addition (``response_headers``): a head the gateway cannot
+relay faithfully is refused (``BadResponseHead``, answered 502 by the proxy):
+more fields or bytes than ``proxy.max_response_headers`` /
+``proxy.max_response_head_bytes``, a Content-Length that is not one run of
+digits, a Transfer-Encoding other than one ``chunked``, or both at once.
 """
 
 from __future__ import annotations
@@ -79,10 +85,16 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
 
 
 #: How ``response_headers`` treats a header name, as the upstream spelled it.
-_KEEP, _HOP, _CONNECTION, _LENGTH, _LOCATION = range(5)
+_KEEP, _HOP, _CONNECTION, _LENGTH, _LOCATION, _CODING = range(6)
 #: Name as received -> (lower-cased name, treatment); bounded (an upstream picks the names).
 _NAMES: dict[bytes, tuple[bytes, int]] = {}
 _NAMES_MAX = 1024
+#: The one transfer coding the gateway decodes (RFC 9112 section 6.1; nginx's rule).
+_CHUNKED = b"chunked"
+
+
+class BadResponseHead(Exception):
+    """The upstream's response head breaks a framing rule or a limit: refused with 502."""
 
 
 def _name(name: bytes) -> tuple[bytes, int]:
@@ -90,6 +102,8 @@ def _name(name: bytes) -> tuple[bytes, int]:
     lname = name.lower()
     if lname == b"connection":
         kind = _CONNECTION
+    elif lname == b"transfer-encoding":
+        kind = _CODING
     elif lname in HOP_BY_HOP or lname.startswith(b"proxy-"):
         kind = _HOP
     elif lname == b"content-length":
@@ -103,15 +117,30 @@ def _name(name: bytes) -> tuple[bytes, int]:
     return lname, kind
 
 
-def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None, bool]:
+def response_headers(
+    raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0
+) -> tuple[RawHeaders, int | None, bool]:
     """Upstream response headers without hop-by-hop ones, the Content-Length if any, and
-    whether a ``Location``/``Content-Location`` is among them (for ``redirects.py``)."""
+    whether a ``Location``/``Content-Location`` is among them (for ``redirects.py``).
+
+    Raises ``BadResponseHead`` (the proxy answers 502, nothing of the head is
+    sent) for more than ``max_headers`` fields or ``max_bytes`` bytes of names
+    and values (0: no limit), a ``Content-Length`` that is not one run of
+    digits or comes twice, a ``Transfer-Encoding`` other than one ``chunked``
+    (``chunked, gzip``, ``gzip``, ``identity``, ``chunked`` twice: a coding
+    the gateway would not decode), and both framing headers at once.
+    """
+    if max_headers and len(raw) > max_headers:
+        raise BadResponseHead(f"upstream sent {len(raw)} header fields (limit {max_headers})")
     out: RawHeaders = []
     named: set[bytes] | None = None
     length: int | None = None
+    coding: bytes | None = None
     location = False
+    size = 0
     names = _NAMES
     for name, value in raw:
+        size += len(name) + len(value)
         lname, kind = names.get(name) or _name(name)
         if kind == _KEEP:
             out.append((lname, value))
@@ -121,17 +150,53 @@ def response_headers(raw: RawHeaders) -> tuple[RawHeaders, int | None, bool]:
         if kind == _CONNECTION:
             named = connection_names(value, named)
             continue
+        if kind == _CODING:
+            coding = value if coding is None else coding + b"," + value
+            continue
         if kind == _LENGTH:
-            if value.isdigit():
-                length = int(value)
+            if length is not None or not value.isdigit():
+                raise BadResponseHead("upstream sent an invalid or repeated Content-Length")
+            length = int(value)
         else:
             location = True
         out.append((lname, value))
+    if max_bytes and size > max_bytes:
+        raise BadResponseHead(f"upstream sent too big header ({size} bytes, limit {max_bytes})")
+    if coding is not None:
+        if coding.strip(b" \t").lower() != _CHUNKED:
+            raise BadResponseHead("upstream sent an unknown Transfer-Encoding")
+        if length is not None:
+            raise BadResponseHead("upstream sent both Content-Length and Transfer-Encoding")
     if named:
         out = [h for h in out if h[0] not in named]
         if b"content-length" in named:
             length = None
     return out, length, location
+
+
+#: No content, whatever the head says (RFC 9110 sections 15.3.5 and 15.4.5).
+_NO_CONTENT = (204, 304)
+
+
+def response_head(
+    status: int, raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0
+) -> tuple[RawHeaders, int | None, bool]:
+    """``response_headers`` for a final response with status ``status``, checked first.
+
+    A status outside 200-599 is refused (``BadResponseHead``): interim 1xx
+    responses never get here (every transport skips them; ``101`` is never
+    asked for on this path) and anything else is not HTTP. A 204 or 304 loses
+    a non-zero Content-Length (a 304's is the representation's length): it
+    has no content, and uvicorn would wait for the bytes the length announces
+    and then break the client connection (``0`` is kept: nothing to wait for).
+    """
+    if not 200 <= status <= 599:
+        raise BadResponseHead(f"upstream sent status {status}")
+    headers, length, location = response_headers(raw, max_headers, max_bytes)
+    if length and status in _NO_CONTENT:
+        headers = [h for h in headers if h[0] != b"content-length"]
+        length = 0
+    return headers, length, location
 
 
 def origin_form(scope: Scope) -> bool:

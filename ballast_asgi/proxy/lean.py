@@ -257,7 +257,9 @@ class LeanTransport(AiohttpTransport):
         conn = self._pool.take((upstream.host, upstream.port))  # the common case: no await
         if conn is None:
             conn = await self._pool.acquire(upstream.host, upstream.port, limits, deadline)
-        response = LeanResponse(conn, head_only, self.max_field_size, deadline, limits.sock_read)
+        response = LeanResponse(
+            conn, head_only, self.max_field_size, deadline, limits.sock_read, self.max_headers
+        )
         transport = conn.transport
         assert transport is not None
         if len(body) > _JOIN_BODY_BYTES:

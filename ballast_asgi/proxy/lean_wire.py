@@ -9,7 +9,10 @@ response head (``status_code``, ``raw_headers``) and its body stream
 Framing (llhttp decodes, the proxy re-frames): Content-Length, chunked (the
 chunks' payload only; trailers dropped, as aiohttp does), close-delimited
 bodies (complete at EOF; the connection is not reused), no body for HEAD and
-204/304, 1xx interim responses skipped, ``101`` unasked is a protocol error.
+204/304, 1xx interim responses skipped, ``101`` unasked is a protocol error,
+as is a status outside 100-599 (llhttp takes ``099`` as interim and would wait),
+as is a head with more than ``max_headers`` fields (counted as they are parsed:
+no list of 60,000 fields is built; the proxy checks the head's rules again).
 Header names and values are passed on as sent (order, repeats, case), values
 without trailing whitespace, as aiohttp's ``raw_headers``.
 
@@ -105,17 +108,25 @@ class LeanResponse(DirectResponse):
 
     __slots__ = (
         "_bad", "_chunks", "_complete", "_conn", "_deadline", "_error", "_fields", "_final",
-        "_head_only", "_idle", "_keep", "_last", "_limit", "_loop", "_parser", "_pending",
+        "_head_only", "_idle", "_keep", "_last", "_limit", "_loop", "_max_headers", "_parser",
+        "_pending",
         "_read", "_released", "_size", "_timer", "_waiter", "head",
     )  # fmt: skip
 
     def __init__(
-        self, conn: Conn, head_only: bool, limit: int, deadline: float | None, idle: float | None
+        self,
+        conn: Conn,
+        head_only: bool,
+        limit: int,
+        deadline: float | None,
+        idle: float | None,
+        max_headers: int = 100,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.status_code = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self._conn, self._loop, self._head_only, self._limit = conn, loop, head_only, limit
+        self._max_headers = max_headers
         self.head: asyncio.Future[None] = loop.create_future()
         #: Dropped with the connection (it holds our callbacks: no cycle left for the GC).
         self._parser: HttpResponseParser | None = HttpResponseParser(self)
@@ -148,6 +159,11 @@ class LeanResponse(DirectResponse):
             return  # trailers (or a response nobody asked for)
         if len(name) + len(value) > self._limit:
             self._bad = httpx.RemoteProtocolError(f"upstream header field over {self._limit} bytes")
+        if len(self._fields) >= self._max_headers:  # no list of 60,000 fields is built
+            self._bad = httpx.RemoteProtocolError(
+                f"upstream sent more than {self._max_headers} header fields"
+            )
+            return
         if value and value[-1] in _OWS:
             value = value.rstrip(b" \t")
         self._fields.append((name, value))
@@ -157,6 +173,8 @@ class LeanResponse(DirectResponse):
             return  # a response after ours changes nothing of ours
         assert self._parser is not None
         status = self._parser.get_status_code()
+        if not 100 <= status <= 599:  # llhttp takes any 3 digits; 099 is not interim
+            self._bad = httpx.RemoteProtocolError(f"upstream sent status {status}")
         if status < 200 or self._bad is not None:
             self._fields = []  # 1xx interim response: skipped (101 raises in feed)
             return

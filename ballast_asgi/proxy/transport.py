@@ -266,6 +266,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         max_connections: int = 1_000,
         keepalive_s: float = 1.5,
         max_field_size: int = 65_536,
+        max_headers: int = 100,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if max_connections < 1:
@@ -273,6 +274,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self.max_field_size = max_field_size
+        #: Header fields per response head (more: a protocol error; the proxy checks it too).
+        self.max_headers = max_headers
         #: Verification for https upstreams (None: aiohttp's default, verified).
         self.ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
@@ -295,6 +298,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             timeout=aiohttp.ClientTimeout(total=None),
             max_field_size=self.max_field_size,
             max_line_size=self.max_field_size,
+            max_headers=self.max_headers,
             request_class=_ProxyClientRequest,
         )
         _no_hidden_retry(self._session)
@@ -431,16 +435,18 @@ def make_transport(config: ProxyConfig) -> httpx.AsyncBaseTransport:
     """The proxy's transport chosen by ``config.transport`` ("lean", "aiohttp" or "httpx")."""
     idle_s = config.pool_idle_timeout_ms / 1000.0
     context = upstream_ssl_context(config.ca_file)
+    settings: dict[str, Any] = {
+        "max_connections": config.max_connections,
+        "keepalive_s": idle_s,
+        "max_headers": config.max_response_headers,
+        "ssl_context": context,
+    }
     if config.transport == "lean":
         from ballast_asgi.proxy.lean import LeanTransport  # lean builds on this module
 
-        return LeanTransport(
-            max_connections=config.max_connections, keepalive_s=idle_s, ssl_context=context
-        )
+        return LeanTransport(**settings)
     if config.transport == "aiohttp":
-        return AiohttpTransport(
-            max_connections=config.max_connections, keepalive_s=idle_s, ssl_context=context
-        )
+        return AiohttpTransport(**settings)
     return _httpx_transport(config.max_connections, idle_s, context)
 
 

@@ -34,6 +34,8 @@ class HostileUpstream(CountingListener):
         self.answers: dict[str, tuple[bytes, bool]] = {}
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
+        #: The request paths each upstream connection carried, in order.
+        self.served: list[list[str]] = []
 
     def answer(self, key: str, data: bytes, close: bool = True) -> str:
         """Register ``data`` as the answer to ``GET /h/<key>``; returns the path."""
@@ -49,9 +51,11 @@ class HostileUpstream(CountingListener):
             self.accepted += 1
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                self.served.append([])
+                paths = self.served[-1]
+            threading.Thread(target=self._serve, args=(conn, paths), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, paths: list[str]) -> None:
         with conn, contextlib.suppress(OSError):
             conn.settimeout(30)
             buf = b""
@@ -63,6 +67,7 @@ class HostileUpstream(CountingListener):
                     buf += chunk
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1].decode("latin-1")
+                paths.append(path)
                 if path.startswith("/h/"):
                     data, close = self.answers[path[3:]]
                 else:
@@ -117,13 +122,17 @@ def pipelined(port: int, path: str, method: str = "GET") -> Exchange:
     second_bytes = b"GET /second HTTP/1.1\r\nHost: gw\r\n\r\n"
     answers: list[Answer] = [Answer()]
     out = Exchange(answers[0], None)
+    eof = False
     with socket.create_connection(("127.0.0.1", port), timeout=CLIENT_TIMEOUT_S) as sock:
         sock.sendall((first_req or b"") + second_bytes)
         while True:
             try:
                 event = client.next_event()
             except h11.RemoteProtocolError as exc:
-                out.malformed = str(exc)
+                if eof and "peer closed" in str(exc):
+                    out.cut = True  # an abort mid-body: the truncation is visible, fine
+                else:
+                    out.malformed = str(exc)
                 return out
             if event is h11.NEED_DATA:
                 try:
@@ -132,6 +141,7 @@ def pipelined(port: int, path: str, method: str = "GET") -> Exchange:
                     if isinstance(exc, TimeoutError):
                         out.malformed = "timed out waiting for the gateway"
                     data = b""
+                eof = not data
                 client.receive_data(data)
                 continue
             current = answers[-1]

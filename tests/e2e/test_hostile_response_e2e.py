@@ -170,3 +170,58 @@ def test_the_head_limits_are_configurable(transport: str) -> None:
     assert (exchange.first.status, exchange.first.body) == (200, b"ok")
     assert len(exchange.first.header(b"x-1999")) == 1
     _second_is_good(exchange)
+
+
+SMUGGLED = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    "answer",
+    [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+     b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 304 Not Modified\r\n\r\n"],
+    ids=["length", "chunked", "204", "304"],
+)  # fmt: skip
+def test_bytes_after_a_response_never_answer_the_next_request(
+    transport: str, answer: bytes
+) -> None:
+    """A response followed by a smuggled one on a kept-alive connection: the pooled connection
+    is never reused with those bytes (httpx's pool answered the next request with them)."""
+    up = HostileUpstream().start()
+    try:
+        with thread_servers() as start:
+            config = ProxyConfig.model_validate({"transport": transport})
+            port = start(ProxyApp(f"http://127.0.0.1:{up.port}", config=config))
+            for round_ in range(3):
+                path = up.answer(f"r{round_}", answer + SMUGGLED, close=False)
+                exchange = pipelined(port, path)
+                assert exchange.first.complete and exchange.first.body in (b"ok", b""), exchange
+                _second_is_good(exchange)
+    finally:
+        up.stop()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("status", [b"101", b"099", b"999"])
+def test_a_connection_that_carried_a_refused_status_is_never_reused(
+    transport: str, status: bytes
+) -> None:
+    """After an unasked 101 (or 099, 999) the upstream connection is closed, not pooled:
+    aiohttp pooled it and bytes the upstream sent later answered the next request."""
+    up = HostileUpstream().start()
+    try:
+        with thread_servers() as start:
+            config = ProxyConfig.model_validate({"transport": transport})
+            port = start(ProxyApp(f"http://127.0.0.1:{up.port}", config=config))
+            for round_ in range(3):
+                answer = b"HTTP/1.1 " + status + b" Odd\r\nContent-Length: 0\r\n\r\n"
+                path = up.answer(f"r{round_}", answer, close=False)
+                exchange = pipelined(port, path)
+                assert exchange.first.status == 502, exchange
+                _second_is_good(exchange)
+    finally:
+        up.stop()
+    for paths in up.served:  # no connection carried a request after a refused answer
+        refused = [i for i, p in enumerate(paths) if p.startswith("/h/")]
+        assert all(i == len(paths) - 1 for i in refused), up.served

@@ -109,3 +109,40 @@ def test_dashboard_lists_routes_with_their_breaker_state(tmp_path: Path) -> None
     assert errors == []
     assert rows[0] == ["/status", "open"]
     assert ["/get", "closed"] in rows
+
+
+def test_the_policy_runs_the_page_script_and_nothing_injected(tmp_path: Path) -> None:
+    """The CSP allows the page's own script (by hash) and no injected script or handler;
+    a hostile series name is drawn as text, never markup."""
+    with serving(Slow(), lifespan="off") as up:
+        config = build_config({"upstream": f"http://127.0.0.1:{up}"})
+        with serving(build_gateway(config, env={})) as port:
+            base = f"http://127.0.0.1:{port}"
+            policy = httpx.get(f"{base}/_ballast/dashboard").headers["content-security-policy"]
+            with Browser(tmp_path / "profile") as browser:
+                browser.call("Page.navigate", url=f"{base}/_ballast/dashboard")
+                browser.pump(2.5)
+                clean = list(browser.errors)
+                browser.evaluate("""(() => {
+                  const s = document.createElement('script');
+                  s.textContent = 'window.pwned = 1'; document.head.appendChild(s);
+                  const img = document.createElement('img');
+                  img.setAttribute('onerror', 'window.pwned = 2'); img.src = 'x:';
+                  document.body.appendChild(img);
+                  push('shed', '<img src=x: onerror="window.pwned=3">', 1); draw('shed');
+                })()""")
+                browser.pump(1.0)
+                state = browser.evaluate("""({
+                  samples: Number(document.body.dataset.samples || 0),
+                  pwned: window.pwned === undefined ? 0 : window.pwned,
+                  legend: document.getElementById('l-shed').textContent,
+                  legendImgs: document.querySelectorAll('#l-shed img').length,
+                  badge: document.querySelector('#breaker-state .badge').textContent,
+                })""")
+                blocked = browser.errors[len(clean) :]
+    assert "'unsafe-inline'" not in policy and "script-src 'sha256-" in policy
+    assert clean == [] and state["samples"] >= 1  # the page's own script ran, no violation
+    assert state["pwned"] == 0 and state["legendImgs"] == 0
+    assert '<img src=x: onerror="window.pwned=3">' in state["legend"]
+    assert state["badge"] == "closed"
+    assert any("Content Security Policy" in e for e in blocked), blocked

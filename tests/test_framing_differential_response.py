@@ -57,7 +57,9 @@ SMUGGLED = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"
 TOKEN = st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).map(str.encode)
 VALUE = st.binary(max_size=20).map(
     lambda b: bytes(c for c in b if 0x20 < c < 0x7F) or b"v"  # visible ASCII, never empty
-)
+) | st.sampled_from([b"a\x01b", b"a\x7fb", b"a\x1bb", b"\x0bv", b"a\x0cb", b"a\tb", b"caf\xe9"])
+#: Control characters no field value may hold (HTAB may): uvicorn raises on them.
+CTL = frozenset([*range(0, 9), *range(10, 32), 127])
 NO_CONTENT = (204, 304)
 
 
@@ -183,6 +185,7 @@ class Answer:
             or self.framing in REFUSED
             or self.fields > 100
             or self.big
+            or any(CTL.intersection(value) for _, value in self.extra)
         )
 
     def clean(self) -> bool:

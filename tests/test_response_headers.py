@@ -107,3 +107,14 @@ def test_connection_naming_content_length_drops_the_framing() -> None:
     """``Connection: content-length`` removes it and the length with it."""
     raw = [(b"content-length", b"5"), (b"connection", b"Content-Length"), (b"etag", b"x")]
     assert response_headers(raw) == ([(b"etag", b"x")], None, False)
+
+
+@pytest.mark.parametrize("value", [b"a\x00b", b"a\x01b", b"a\x0bb", b"a\x1fb", b"a\x7fb"])
+def test_a_control_character_in_a_value_is_refused_when_asked(value: bytes) -> None:
+    """CTLs other than HTAB (uvicorn raises on them) are refused with ``controls``; HTAB and
+    obs-text pass; without ``controls`` (the lean parser checked) nothing is looked at."""
+    with pytest.raises(BadResponseHead, match="control character"):
+        response_headers([(b"x-a", value)], controls=True)
+    assert response_headers([(b"x-a", value)])[0] == [(b"x-a", value)]
+    for fine in (b"a\tb", b"caf\xe9"):
+        assert response_headers([(b"x-a", fine)], controls=True)[0] == [(b"x-a", fine)]

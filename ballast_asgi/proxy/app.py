@@ -300,7 +300,8 @@ class ProxyApp:
         status = response.status_code
         raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
         try:
-            head = response_head(status, raw, self._max_headers, self._max_head_bytes)
+            controls = not getattr(response, "values_checked", False)
+            head = response_head(status, raw, self._max_headers, self._max_head_bytes, controls)
         except BadResponseHead as exc:
             await response.aclose()  # not read: the upstream connection is closed
             await self._attempt_failed(exc, upstream, send, ctx, source)

@@ -17,11 +17,13 @@ Response side, in addition (``response_headers``): a head the gateway cannot
 relay faithfully is refused (``BadResponseHead``, answered 502 by the proxy):
 more fields or bytes than ``proxy.max_response_headers`` /
 ``proxy.max_response_head_bytes``, a Content-Length that is not one run of
-digits, a Transfer-Encoding other than one ``chunked``, or both at once.
+digits, a Transfer-Encoding other than one ``chunked``, both at once, or a
+control character other than HTAB in a value.
 """
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote_from_bytes
 
 from ballast_asgi.core.types import RawHeaders, Scope
@@ -91,6 +93,8 @@ _NAMES: dict[bytes, tuple[bytes, int]] = {}
 _NAMES_MAX = 1024
 #: The one transfer coding the gateway decodes (RFC 9112 section 6.1; nginx's rule).
 _CHUNKED = b"chunked"
+#: Control characters a field value may not hold (RFC 9110 5.5; uvicorn raises on them).
+_CTL = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class BadResponseHead(Exception):
@@ -118,7 +122,7 @@ def _name(name: bytes) -> tuple[bytes, int]:
 
 
 def response_headers(
-    raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0
+    raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0, controls: bool = False
 ) -> tuple[RawHeaders, int | None, bool]:
     """Upstream response headers without hop-by-hop ones, the Content-Length if any, and
     whether a ``Location``/``Content-Location`` is among them (for ``redirects.py``).
@@ -128,7 +132,10 @@ def response_headers(
     and values (0: no limit), a ``Content-Length`` that is not one run of
     digits or comes twice, a ``Transfer-Encoding`` other than one ``chunked``
     (``chunked, gzip``, ``gzip``, ``identity``, ``chunked`` twice: a coding
-    the gateway would not decode), and both framing headers at once.
+    the gateway would not decode), and both framing headers at once; with
+    ``controls``, also a value holding a control character other than HTAB
+    (uvicorn would raise on it and drop the client connection; the lean
+    transport's parser refuses them itself, aiohttp's and h11 pass them on).
     """
     if max_headers and len(raw) > max_headers:
         raise BadResponseHead(f"upstream sent {len(raw)} header fields (limit {max_headers})")
@@ -141,6 +148,8 @@ def response_headers(
     names = _NAMES
     for name, value in raw:
         size += len(name) + len(value)
+        if controls and _CTL.search(value) is not None:
+            raise BadResponseHead("upstream sent a control character in a header value")
         lname, kind = names.get(name) or _name(name)
         if kind == _KEEP:
             out.append((lname, value))
@@ -179,7 +188,7 @@ _NO_CONTENT = (204, 304)
 
 
 def response_head(
-    status: int, raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0
+    status: int, raw: RawHeaders, max_headers: int = 0, max_bytes: int = 0, controls: bool = True
 ) -> tuple[RawHeaders, int | None, bool]:
     """``response_headers`` for a final response with status ``status``, checked first.
 
@@ -192,7 +201,7 @@ def response_head(
     """
     if not 200 <= status <= 599:
         raise BadResponseHead(f"upstream sent status {status}")
-    headers, length, location = response_headers(raw, max_headers, max_bytes)
+    headers, length, location = response_headers(raw, max_headers, max_bytes, controls)
     if length and status in _NO_CONTENT:
         headers = [h for h in headers if h[0] != b"content-length"]
         length = 0

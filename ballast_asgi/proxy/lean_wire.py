@@ -144,6 +144,9 @@ class LeanResponse(DirectResponse):
             self._timer = loop.call_at(self._next_check(), self._on_timer)
         conn.exchange = self
 
+    #: llhttp refuses control characters in header values (the proxy need not look).
+    values_checked = True
+
     @property
     def stream(self) -> LeanResponse:  # type: ignore[override]  # itself, with no self-reference
         """The body stream: this object."""

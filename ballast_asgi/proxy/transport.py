@@ -258,6 +258,8 @@ class DirectResponse:
     """
 
     __slots__ = ("raw_headers", "status_code", "stream")
+    #: The transport's parser already refused control characters in header values.
+    values_checked = False
 
     def __init__(
         self, status: int, raw_headers: list[tuple[bytes, bytes]], stream: ResponseBody

@@ -47,6 +47,8 @@ REFUSED = {
     "cl-and-te": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"2\r\nok\r\n0\r\n\r\n",
     "2000-fields": b"HTTP/1.1 200 OK\r\n" + MANY + OK,
+    "control-in-value": b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\n" + OK,
+    "del-in-value": b"HTTP/1.1 200 OK\r\nX-A: a\x7fb\r\n" + OK,
     "65-kib-head": b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * 40_000 + b"\r\nX-B: "
     + b"b" * 30_000 + b"\r\n" + OK,
 }  # fmt: skip

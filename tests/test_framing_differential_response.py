@@ -79,6 +79,8 @@ class Answer:
     connection: bytes | None
     bare_lf: bool
     smuggle: bool
+    #: A head oddity: obs-fold, a leading space, no reason phrase, HTTP/1.0 (or None).
+    quirk: str | None = None
     wire: bytes = b""
     keep: bool = True
     fields: int = 0
@@ -134,6 +136,7 @@ class Answer:
                                "te-gzip-chunked") or (framing == "chunked"
                                                       and self.size_form in GOOD_SIZES)  # fmt: skip
         self.keep = (complete or self.status in NO_CONTENT) and self.connection != b"close"
+        self.keep = self.keep and self.quirk != "http10"  # HTTP/1.0: closed after it
         connection = self.connection
         if not self.keep and connection not in (None, b"close"):
             connection = b"close, " + connection
@@ -144,7 +147,14 @@ class Answer:
         self.fields = len(fields)
         eol = b"\n" if self.bare_lf else b"\r\n"
         heads = [b"HTTP/1.1 %03d Odd\r\n\r\n" % code for code in self.interim]
-        lines = [b"HTTP/1.1 %03d Status" % self.status] + [k + b": " + v for k, v in fields]
+        version, reason = b"HTTP/1.0" if self.quirk == "http10" else b"HTTP/1.1", b" Status"
+        lines = [version + b" %03d" % self.status + (b"" if self.quirk == "no-reason" else reason)]
+        lines += [k + b": " + v for k, v in fields]
+        if self.quirk == "fold":  # obs-fold: a continuation line (RFC 9112 5.2)
+            lines.insert(1, b"X-Folded: a")
+            lines.insert(2, b" b")
+        elif self.quirk == "space":  # whitespace before the first field line
+            lines.insert(1, b" X-Space: v")
         head = eol.join(lines) + eol + eol
         self.rest = payload + (SMUGGLED if self.smuggle else b"")
         self.wire = b"".join(heads) + head + self.rest
@@ -197,6 +207,7 @@ class Answer:
             self.framing in ("cl", "chunked", "none")
             and self.relayed() is not None
             and not self.bare_lf
+            and self.quirk not in ("fold", "space")
             and not (self.smuggle and self.framing != "none")
             and not (self.status in NO_CONTENT and self.rest)  # bytes after a 204/304
         )
@@ -254,6 +265,7 @@ def answers(draw: st.DrawFn) -> Answer:
             )
         ),
         bare_lf=draw(st.booleans()) and draw(st.booleans()),
+        quirk=draw(st.sampled_from([None, None, None, "fold", "space", "no-reason", "http10"])),
         smuggle=draw(st.booleans()),
     ).build()
 

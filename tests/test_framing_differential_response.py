@@ -40,7 +40,7 @@ pytestmark = pytest.mark.e2e
 
 TRANSPORTS = ("lean", "aiohttp", "httpx")
 #: Examples per transport: the module runs in about 10-20 s on the 2-core reference machine.
-EXAMPLES = 150
+EXAMPLES = 200
 
 #: Framings: how the body is delimited (and how that lies).
 EXACT = ("cl", "cl-short", "chunked", "none")

@@ -138,8 +138,8 @@ class Answer:
         self.keep = (complete or self.status in NO_CONTENT) and self.connection != b"close"
         self.keep = self.keep and self.quirk != "http10"  # HTTP/1.0: closed after it
         connection = self.connection
-        if not self.keep and connection not in (None, b"close"):
-            connection = b"close, " + connection
+        if not self.keep and connection not in (None, b"close", b"keep-alive"):
+            connection = b"close, " + connection  # ("close, keep-alive" is for aiohttp keep)
         elif not self.keep:
             connection = b"close"
         if connection is not None:

@@ -43,6 +43,7 @@ from multidict import CIMultiDict, istr
 from yarl import URL
 
 from ballast_asgi.config import ProxyConfig
+from ballast_asgi.proxy.pool_guards import ProxyClientResponse, never_reuse_with_leftover_bytes
 from ballast_asgi.proxy.upstream import Upstream
 
 #: Headers aiohttp would add on its own; a proxy adds none of them.
@@ -77,26 +78,6 @@ class _ProxyClientRequest(aiohttp.ClientRequest):
             self._body = None
             return
         super().update_body_from_data(body, _stacklevel)
-
-
-class _ProxyClientResponse(aiohttp.ClientResponse):
-    """aiohttp's response that never leaves a connection pooled after a status the proxy
-    refuses (issue 27).
-
-    aiohttp returns an unasked ``101`` (or ``099``, ``999``) as the final response
-    and, the body being empty, hands the connection back to its pool before the
-    proxy sees the status: bytes the upstream sent after it (a smuggled
-    ``HTTP/1.1 200 ... evil``) then answered the next request on that connection.
-    The connection is closed here instead, before anything else can take it
-    (no await between aiohttp's release and this check).
-    """
-
-    async def start(self, connection: Any) -> aiohttp.ClientResponse:
-        protocol = connection.protocol
-        response = await super().start(connection)
-        if not 200 <= self.status <= 599 and protocol is not None:
-            protocol.close()  # a pooled protocol that is closed is never reused
-        return response
 
 
 _SKIP_FROZEN = frozenset(istr(name) for name in _SKIP_AUTO_HEADERS)
@@ -322,7 +303,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             max_line_size=self.max_field_size,
             max_headers=self.max_headers,
             request_class=_ProxyClientRequest,
-            response_class=_ProxyClientResponse,
+            response_class=ProxyClientResponse,
         )
         _no_hidden_retry(self._session)
         return self._session
@@ -478,46 +459,12 @@ def upstream_ssl_context(ca_file: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
-def _never_reuse_with_leftover_bytes() -> None:
-    """Close an httpcore connection that holds bytes after a complete response.
-
-    httpcore returns a connection to its pool once h11 has read a response to
-    its end; bytes that came in the same read after it (a second, unasked
-    response: ``...ok`` + ``HTTP/1.1 200 OK ... evil``) stay in h11's buffer,
-    and the next request on that connection was answered with them (response
-    queue poisoning, issue 27; ``has_expired`` only sees bytes still in the
-    socket). Here such a connection is closed instead of pooled, as the lean
-    transport and aiohttp do. There is no public switch; the private names
-    are checked so that a change in httpcore fails loudly (the e2e test
-    ``test_bytes_after_a_response_never_answer_the_next_request`` covers it).
-    """
-    import h11
-    from httpcore._async.http11 import AsyncHTTP11Connection
-
-    if getattr(AsyncHTTP11Connection, "_ballast_guarded", False):
-        return
-    original = AsyncHTTP11Connection._response_closed
-    if not hasattr(h11.Connection, "trailing_data"):
-        raise RuntimeError("h11 changed: cannot see bytes left after a response")
-
-    async def _response_closed(self: Any) -> None:
-        state = self._h11_state
-        done = state.our_state is h11.DONE and state.their_state is h11.DONE
-        if done and state.trailing_data[0]:
-            await self.aclose()  # bytes after the response: never reused
-            return
-        await original(self)
-
-    AsyncHTTP11Connection._response_closed = _response_closed  # type: ignore[method-assign]
-    AsyncHTTP11Connection._ballast_guarded = True  # type: ignore[attr-defined]
-
-
 def _httpx_transport(
     max_connections: int, idle_s: float, context: ssl.SSLContext | bool = True
 ) -> httpx.AsyncHTTPTransport:
     """httpx's pool with proxy settings: no environment, no retries, idle expiry ``idle_s``;
     a connection with bytes left after a response is closed, never reused."""
-    _never_reuse_with_leftover_bytes()
+    never_reuse_with_leftover_bytes()
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,

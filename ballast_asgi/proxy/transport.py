@@ -33,6 +33,7 @@ any other aiohttp.ClientError               RemoteProtocolError
 
 from __future__ import annotations
 
+import inspect
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
@@ -81,6 +82,8 @@ class _ProxyClientRequest(aiohttp.ClientRequest):
 
 
 _SKIP_FROZEN = frozenset(istr(name) for name in _SKIP_AUTO_HEADERS)
+#: ``ClientSession(max_headers=...)`` exists (aiohttp 3.13.4 and later).
+_SESSION_MAX_HEADERS = "max_headers" in inspect.signature(aiohttp.ClientSession).parameters
 _SKIP_MULTIDICT: CIMultiDict[None] = CIMultiDict((name, None) for name in sorted(_SKIP_FROZEN))
 #: The lean auto-header path only when aiohttp's automatic headers are ones we skip.
 _LEAN_AUTO = {istr(name) for name in aiohttp.ClientRequest.DEFAULT_HEADERS} | {
@@ -301,12 +304,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             timeout=aiohttp.ClientTimeout(total=None),
             max_field_size=self.max_field_size,
             max_line_size=self.max_field_size,
-            max_headers=self.max_headers,
+            **self._header_count(),
             request_class=_ProxyClientRequest,
             response_class=ProxyClientResponse,
         )
         _no_hidden_retry(self._session)
         return self._session
+
+    def _header_count(self) -> dict[str, Any]:
+        """aiohttp's own bound on response header fields (``max_headers``, aiohttp >= 3.13.4);
+        older versions have none to set, and the proxy's check still applies."""
+        return {"max_headers": self.max_headers} if _SESSION_MAX_HEADERS else {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` through aiohttp and return a streaming httpx response."""

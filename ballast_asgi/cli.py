@@ -145,7 +145,7 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway (and its admin app) on bound sockets until SIGINT/SIGTERM."""
     gateway.server_may_rewrite = False
-    settings = {**uvicorn_settings(gateway.config.server), **kw}
+    settings = {**uvicorn_settings(gateway.config.server, gateway.config.websocket), **kw}
     pairs = [(QuietServer(uvicorn.Config(gateway, lifespan="on", **settings)), traffic)]
     if admin is not None:
         config = uvicorn.Config(gateway.admin_app(), lifespan="off", **settings)
@@ -219,7 +219,7 @@ def _workers(
     kw: dict[str, Any],
 ) -> int:
     """``--workers N``: each worker its own gateway (with 1/N of every cap) on the shared port."""
-    settings = {**uvicorn_settings(first.config.server), **kw}
+    settings = {**uvicorn_settings(first.config.server, first.config.websocket), **kw}
 
     def run(index: int, traffic: socket.socket, worker_admin: socket.socket) -> None:
         # Built after the fork, from the validated (scaled) config: a forked copy of the

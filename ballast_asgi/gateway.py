@@ -40,7 +40,7 @@ from ballast_asgi.access_log import AccessLog
 from ballast_asgi.admin import AdminRouter, Route
 from ballast_asgi.canary.asgi import CanaryAdmin, CanaryMiddleware, attach_canary
 from ballast_asgi.config import GatewayConfig, load_config
-from ballast_asgi.config.models import ServerConfig
+from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.core.classify import Classifier
 from ballast_asgi.core.errors import ConfigError, HeaderError
 from ballast_asgi.core.forwarded import (
@@ -129,6 +129,9 @@ class Gateway:
             selector=self.proxy_app.selector,
             classifier=Classifier(config.priority),
             metrics=self.metrics,
+            responder=self.parts.responder,
+            ratelimit=self.parts.ratelimit,
+            budget=self.parts.capacity.byte_budget if self.parts.capacity else None,
             default_priority=config.priority.default,
             clock=clock,
         )
@@ -260,6 +263,11 @@ class Gateway:
         """The ``server`` section (settings of the HTTP server in front of the gateway)."""
         return self.config.server
 
+    @property
+    def websocket_config(self) -> WebSocketConfig:
+        """The ``websocket`` section (uvicorn's websocket limits are set from it)."""
+        return self.config.websocket
+
     def snapshot(self) -> dict[str, Any]:
         """The live state of every stage as one JSON-safe document."""
         doc = self.parts.snapshot(self.clock())
@@ -285,6 +293,7 @@ class Gateway:
             doc["config_version"] = self.discovery.config_version
             doc["discovery"] = self.discovery.snapshot()
         doc["canary"] = {"state": "none"} if self.canary is None else self.canary.snapshot()
+        doc["websocket"] = self.websockets.snapshot()
         return doc
 
     async def reload(self) -> tuple[bool, str]:
@@ -306,7 +315,7 @@ class Gateway:
         if self.pool is not None:  # with discovery, the list stays the applied version's
             self.pool.reload(new, self.parts, discovered=self.discovery is not None)
         self.config = new
-        self.websockets.config = new.websocket
+        self.websockets.reconfigure(new.websocket)
         self.websockets.classifier = Classifier(new.priority)
         self._app = self._compose(new)
         self.version += 1

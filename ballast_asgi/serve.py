@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ballast_asgi.config.models import ServerConfig
+from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.core.types import Message, Send
 
 __all__ = [
@@ -82,6 +82,9 @@ class _Adoptable(Protocol):
 
     @property
     def server_config(self) -> ServerConfig: ...
+
+    @property
+    def websocket_config(self) -> WebSocketConfig: ...
 
 
 #: Pending response bytes written at once without waiting for the loop to turn.
@@ -271,9 +274,25 @@ def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)
 
 
-def uvicorn_settings(server: ServerConfig) -> dict[str, Any]:
+def websocket_settings(websocket: WebSocketConfig) -> dict[str, Any]:
+    """uvicorn's websocket limits from the ``websocket`` section: the largest message a
+    client may send (``--ws-max-size``, else 16 MiB) and the messages uvicorn's legacy
+    ``websockets`` implementation queues (``--ws-max-queue``, else 32)."""
+    return {"ws_max_size": websocket.max_message_bytes, "ws_max_queue": _WS_MAX_QUEUE}
+
+
+#: Messages uvicorn's legacy websockets protocol may queue ahead of the relay.
+_WS_MAX_QUEUE = 2
+_UVICORN_WS_MAX_SIZE = 16 * 1024 * 1024
+_UVICORN_WS_MAX_QUEUE = 32
+
+
+def uvicorn_settings(
+    server: ServerConfig, websocket: WebSocketConfig | None = None
+) -> dict[str, Any]:
     """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these)."""
     return {
+        **websocket_settings(websocket or WebSocketConfig()),
         "http": guarded_protocol(server),
         "proxy_headers": False,
         "server_header": False,
@@ -299,7 +318,8 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     per request was about 7 % of the gateway's CPU at saturation; the
     gateway's own is ``access_log.enabled``), and the keep-alive and
     connection cap of the ``server`` section where uvicorn's flags were left
-    at their defaults. Returns whether a uvicorn config was found.
+    at their defaults, and so are the websocket message size and queue
+    (``websocket_settings``). Returns whether a uvicorn config was found.
     """
     config = _find_uvicorn_config(frame)
     if config is None:
@@ -325,6 +345,11 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
         config.limit_concurrency = server.max_connections
     if config.timeout_graceful_shutdown is None:
         config.timeout_graceful_shutdown = server.shutdown_timeout_ms / 1000.0
+    ws = websocket_settings(gateway.websocket_config)
+    if config.ws_max_size == _UVICORN_WS_MAX_SIZE:
+        config.ws_max_size = ws["ws_max_size"]
+    if config.ws_max_queue == _UVICORN_WS_MAX_QUEUE:
+        config.ws_max_queue = ws["ws_max_queue"]
     return True
 
 

@@ -25,6 +25,7 @@ from ballast_asgi.config import (
     load_config,
 )
 from ballast_asgi.config.load import reference_layout
+from ballast_asgi.config.models import WebSocketConfig
 from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.limit import AIMDLimit, Gradient2Limit, GradientLimit, VegasLimit
@@ -32,6 +33,7 @@ from ballast_asgi.core.limit.base import check_bounds
 from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES
 from ballast_asgi.core.queue import PriorityQueue
 from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.websocket import DEFAULT_MAX_CONNECTIONS_PER_CLIENT, RelayLimits
 
 
 def _core_default(cls: Any, param: str) -> Any:
@@ -63,6 +65,7 @@ PAIRS = [
         for name in inspect.signature(Breaker.__init__).parameters
         if name != "self"
     ],
+    *[(WebSocketConfig, name, RelayLimits, name) for name in RelayLimits.__dataclass_fields__],
 ]
 
 
@@ -76,6 +79,11 @@ def test_model_default_is_the_core_default(
 ) -> None:
     """Each config default equals the default of the core that uses it."""
     assert _model_default(model, field) == _core_default(core, param)
+
+
+def test_websocket_per_client_cap_default_comes_from_the_core() -> None:
+    """websocket.max_connections_per_client defaults to the core's constant."""
+    assert WebSocketConfig().max_connections_per_client == DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
 
 def test_retry_statuses_default_comes_from_the_core() -> None:

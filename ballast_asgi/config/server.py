@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from ballast_asgi.config.base import Frozen, readable
+from ballast_asgi.core import websocket as ws
 
 
 class AdminConfig(Frozen):
@@ -61,10 +62,30 @@ class WebSocketConfig(Frozen):
     max_connections: int = Field(1_000, ge=1, le=1_000_000)
     #: Share of max_connections only the critical tier may use.
     reserved_fraction: float = Field(0.1, ge=0.0, le=1.0)
-    #: Largest message accepted from the upstream (the client side: uvicorn's --ws-max-size).
-    max_message_bytes: int = Field(1_048_576, ge=1_024, le=64 * 1024 * 1024)
+    #: Open websockets one client address (as resolved behind proxy.trusted_proxies) may hold.
+    max_connections_per_client: int = Field(
+        ws.DEFAULT_MAX_CONNECTIONS_PER_CLIENT, ge=1, le=1_000_000
+    )
+    #: Largest message accepted from either side: the upstream client's limit, the relay's
+    #: check, and uvicorn's --ws-max-size under the ``ballast`` CLI and ``uvicorn
+    #: ballast_asgi.gateway:app``. Larger: the connection is closed with 1009.
+    max_message_bytes: int = Field(ws.DEFAULT_MAX_MESSAGE_BYTES, ge=1_024, le=64 * 1024 * 1024)
     #: Time allowed for the upstream's opening handshake.
     open_timeout_ms: int = Field(5_000, ge=1, le=600_000)
+    #: Bytes one connection may hold read from one side and not yet written to the other
+    #: (a soft limit: reading stops at it; counted in capacity.max_buffered_bytes too).
+    buffer_bytes: int = Field(ws.DEFAULT_BUFFER_BYTES, ge=1_024, le=1024 * 1024 * 1024)
+    #: No message either way for this long: both sides are closed (1001).
+    idle_timeout_ms: int = Field(ws.DEFAULT_IDLE_TIMEOUT_MS, ge=100, le=86_400_000)
+    #: One write to either side (and each close) that does not finish this long ends it.
+    send_timeout_ms: int = Field(ws.DEFAULT_SEND_TIMEOUT_MS, ge=1, le=3_600_000)
+    #: The closing handshake with the upstream after either side closed; then its connection
+    #: is dropped (nginx drops it at once), so a stalled upstream cannot hold the slot.
+    close_timeout_ms: int = Field(ws.DEFAULT_CLOSE_TIMEOUT_MS, ge=1, le=600_000)
+    #: Messages per second relayed from one side of one connection (faster: read later).
+    max_messages_per_s: float = Field(ws.DEFAULT_MAX_MESSAGES_PER_S, ge=1.0, le=1_000_000.0)
+    #: Bytes per second relayed from one side of one connection (faster: read later).
+    max_bytes_per_s: int = Field(ws.DEFAULT_MAX_BYTES_PER_S, ge=1_024, le=2**34)
 
 
 class AccessLogConfig(Frozen):

@@ -1,29 +1,40 @@
 """WebSocket upgrades through the gateway: admitted at the upgrade, then frames both ways.
 
 The HTTP stages pass ``websocket`` scopes through untouched; the gateway
-sends them here. At the upgrade (``websocket.connect``):
+sends them here. At the upgrade (``websocket.connect``) the same decisions as
+for an HTTP request, in the same order:
 
 1. turned off (``websocket.enabled: false``): refused with 403 and one log line;
 2. ``X-Priority`` (through the same ``Classifier`` as HTTP: trusted peers only)
-   and ``X-Deadline-Ms`` are parsed; a malformed one is a 400 naming it;
-3. the connection takes a slot of its own cap (``websocket.max_connections``,
-   a ``reserved_fraction`` kept for the critical tier), never a concurrency
+   and ``X-Deadline-Ms`` are parsed; a malformed one is a 400 naming it; a
+   deadline already spent is a ``deadline`` shed (dead on arrival);
+3. the rate limit (``rate_limit.*``, when enabled): the upgrade spends from the
+   bucket an HTTP ``GET`` to the same path from the same client would, and is
+   refused as that request would be (``rate_limited``, ``Retry-After`` the
+   refill time, the ``RateLimit`` headers);
+4. the connection takes a slot of its own cap (``websocket.max_connections``,
+   a ``reserved_fraction`` kept for the critical tier, at most
+   ``max_connections_per_client`` for one client address as the gateway
+   resolves it behind ``proxy.trusted_proxies``), never a concurrency
    permit: a connection that lives for minutes is not an RTT sample. Full:
-   429 with ``Retry-After`` and ``X-Ballast-Reason: capacity`` (counted in
-   ``ballast_shed_total``);
-4. the upstream handshake is made (same upstream selector as HTTP, URL built
+   a ``capacity`` shed;
+5. the upstream handshake is made (same upstream selector as HTTP, URL built
    from the upstream's parts and the origin-form target; client headers
    forwarded minus hop-by-hop and ``Sec-WebSocket-*``, subprotocols offered
    as the client offered them; bounded by ``open_timeout_ms`` and the
    deadline). Failure: 502 (504 on timeout), the upstream's status when it
    refused the upgrade.
 
-Refusals use the ASGI ``websocket.http.response`` extension (uvicorn has it)
-so the client sees a real status; without it the server answers 403.
+A shed (steps 2-4) is written by the shared ``ShedResponder``: the configured
+shed status, ``Retry-After``, ``X-Ballast-Reason`` and the JSON body of an HTTP
+shed, counted in ``ballast_shed_total``; in dry-run it is counted as a would-be
+shed and the upgrade goes on (without a slot). Refusals use the ASGI
+``websocket.http.response`` extension (uvicorn's three websocket
+implementations have it) so the client sees that real response; a server
+without it gets ``websocket.close`` before the accept (uvicorn: 403).
 
-Then both directions are pumped until either side closes; the close code and
-reason are passed on (codes that cannot be sent, 1005/1006/1015, become 1000
-for "no status", 1011 for an upstream that vanished, 1001 for a client that did).
+Then ``proxy/ws_relay.py`` relays frames until either side closes or a limit
+ends the connection (idle, send timeouts, message size, buffered bytes).
 """
 
 from __future__ import annotations
@@ -36,13 +47,16 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.protocol import State
 
 from ballast_asgi.config.models import WebSocketConfig
+from ballast_asgi.core.capacity import ByteBudget
 from ballast_asgi.core.classify import Classifier
 from ballast_asgi.core.connections import ConnectionCap
 from ballast_asgi.core.deadline import DEADLINE_HEADER, absolute_deadline
 from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.outcome import (
     DEFAULT_FAILURE_STATUSES,
     AttemptOutcome,
@@ -50,23 +64,51 @@ from ballast_asgi.core.outcome import (
     status_outcome,
 )
 from ballast_asgi.core.priority import Priority
-from ballast_asgi.core.types import Clock, Receive, Scope, Send
+from ballast_asgi.core.shed import Shed
+from ballast_asgi.core.types import Clock, Message, Receive, Scope, Send
+from ballast_asgi.core.websocket import RelayLimits
 from ballast_asgi.metrics import Metrics
+from ballast_asgi.middleware.ratelimit import rate_limit_shed
+from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers
 from ballast_asgi.proxy.upstream import Selector
+from ballast_asgi.proxy.ws_relay import Relay
+from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 
-__all__ = ["WebSocketProxy"]
+__all__ = ["WebSocketProxy", "relay_limits"]
 
 log = logging.getLogger("ballast.websocket")
 _DENIAL = "websocket.http.response"
-#: Close codes an endpoint may not put in a close frame.
-_UNSENDABLE = frozenset({1004, 1005, 1006, 1015})
+#: Frames the upstream client buffers as they arrive (websockets' high-water mark; its
+#: default is 16): the relay reads them on, counted, as fast as the client takes them.
+_UPSTREAM_MAX_QUEUE = 2
 
 
 class _Refused(Exception):
     def __init__(self, status: int, payload: dict[str, object], reason: str) -> None:
         super().__init__(reason)
         self.status, self.payload, self.reason = status, payload, reason
+
+
+class _Shed(Exception):
+    """An upgrade shed like an HTTP request (written by the ``ShedResponder``)."""
+
+    def __init__(self, shed: Shed, label: str) -> None:
+        super().__init__(label)
+        self.shed, self.label = shed, label
+
+
+def relay_limits(config: WebSocketConfig) -> RelayLimits:
+    """The relay's limits from the ``websocket`` config section."""
+    return RelayLimits(
+        max_message_bytes=config.max_message_bytes,
+        buffer_bytes=config.buffer_bytes,
+        idle_timeout_ms=config.idle_timeout_ms,
+        send_timeout_ms=config.send_timeout_ms,
+        close_timeout_ms=config.close_timeout_ms,
+        max_messages_per_s=config.max_messages_per_s,
+        max_bytes_per_s=config.max_bytes_per_s,
+    )
 
 
 class WebSocketProxy:
@@ -79,16 +121,24 @@ class WebSocketProxy:
         selector: Selector,
         classifier: Classifier,
         metrics: Metrics,
+        responder: ShedResponder | None = None,
+        ratelimit: RateLimitRuntime | None = None,
+        budget: ByteBudget | None = None,
         default_priority: Priority = Priority.STANDARD,
         clock: Clock = time.monotonic,
     ) -> None:
-        self.config = config
         self.selector = selector
         self.classifier = classifier
         self.metrics = metrics
+        self.responder = responder or ShedResponder(metrics)
+        self.ratelimit = ratelimit
+        #: Bytes held by every relay (also reserved in ``budget``, the gateway's shared one).
+        self.buffered = ByteBudget(2**62)
+        self.budgets = (self.buffered,) if budget is None else (budget, self.buffered)
         self.default_priority = default_priority
         self.clock = clock
-        self.cap = ConnectionCap(config.max_connections, config.reserved_fraction)
+        self.cap = ConnectionCap(1)
+        self.reconfigure(config)
         self.open_gauge = Gauge(
             "ballast_websocket_connections", "Open proxied websocket connections.",
             registry=metrics.registry,
@@ -97,60 +147,115 @@ class WebSocketProxy:
             "ballast_websocket_refused", "Websocket upgrades refused, by reason.", ["reason"],
             registry=metrics.registry,
         )  # fmt: skip
+        self.closed = Counter(
+            "ballast_websocket_closed", "Relayed websockets ended, by how.", ["reason"],
+            registry=metrics.registry,
+        )  # fmt: skip
         self.open_gauge.set_function(lambda: self.cap.open)
+
+    def reconfigure(self, config: WebSocketConfig) -> None:
+        """Apply a (reloaded) ``websocket`` section: new upgrades and relays use it."""
+        self.config = config
+        self.limits = relay_limits(config)
+        cap = ConnectionCap(
+            config.max_connections, config.reserved_fraction, config.max_connections_per_client
+        )
+        self.cap.max_connections, self.cap.shared = cap.max_connections, cap.shared
+        self.cap.max_per_client = cap.max_per_client
+
+    def snapshot(self) -> dict[str, Any]:
+        """Open connections against the caps, and the bytes the relays hold."""
+        return {**self.cap.snapshot(), "buffered_bytes": self.buffered.used_bytes,
+                "peak_buffered_bytes": self.buffered.peak_bytes}  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
+        client = client_ip(scope)
         try:
-            deadline = self._admit(scope)
+            priority, deadline, held = await self._admit(scope, client)
         except _Refused as refusal:
             await self._refuse(scope, send, refusal)
             return
+        except _Shed as shed:
+            await self._shed(scope, send, shed)
+            return
         try:
-            await self._serve(scope, receive, send, deadline)
+            await self._serve(scope, receive, send, priority, deadline)
         except _Refused as refusal:
             await self._refuse(scope, send, refusal)
         finally:
-            self.cap.release()
+            if held:
+                self.cap.release(client)
 
-    def _admit(self, scope: Scope) -> float | None:
-        """The deadline of an admitted upgrade (a cap slot taken); ``_Refused`` otherwise."""
+    async def _admit(self, scope: Scope, client: str | None) -> tuple[Priority, float | None, bool]:
+        """An admitted upgrade's tier, deadline and whether it took a cap slot.
+
+        ``_Refused`` (an error answer) or ``_Shed`` (a shed) otherwise.
+        """
         if not self.config.enabled:
             log.warning("websocket upgrade refused (websocket.enabled is false): %s", scope["path"])
             raise _Refused(403, {"error": "websockets_disabled"}, "disabled")
         if not origin_form(scope):
             payload: dict[str, object] = {"error": "bad_request", "message": "bad target"}
             raise _Refused(400, payload, "bad_request")
+        priority, deadline = self._classify(scope)
+        if deadline is not None and deadline <= self.clock():
+            self._shed_or_count(Shed(ShedReason.DEADLINE, priority), "deadline")
+        await self._rate_limit(scope, priority)
+        if self.cap.try_acquire(priority, client):
+            return priority, deadline, True
+        label = "client_cap" if self.cap.client_full(client) else "capacity"
+        self._shed_or_count(Shed(ShedReason.CAPACITY, priority), label)
+        return priority, deadline, False
+
+    def _classify(self, scope: Scope) -> tuple[Priority, float | None]:
         headers = scope["headers"]
-        client = scope.get("client")
-        now = self.clock()
+        peer = scope.get("client")
         try:
             priority, _ = self.classifier.classify(
-                "GET", scope["path"], headers, client[0] if client else None
+                "GET", scope["path"], headers, peer[0] if peer else None
             )
             raw = next((v for n, v in headers if n == DEADLINE_HEADER), None)
-            deadline = absolute_deadline(raw, now, None)
+            return priority, absolute_deadline(raw, self.clock(), None)
         except HeaderError as exc:
             bad = {"error": "bad_request", "message": str(exc), "header": exc.header}
             raise _Refused(400, dict(bad), "bad_request") from None
-        if deadline is not None and deadline <= now:
-            self.metrics.count_shed(ShedReason.DEADLINE, priority)
-            raise _Refused(429, _shed(ShedReason.DEADLINE), "deadline")
-        if not self.cap.try_acquire(priority):
-            self.metrics.count_shed(ShedReason.CAPACITY, priority)
-            raise _Refused(429, _shed(ShedReason.CAPACITY), "capacity")
-        return deadline
+
+    async def _rate_limit(self, scope: Scope, priority: Priority) -> None:
+        """Spend from the upgrade's rate-limit bucket, as an HTTP GET would."""
+        runtime = self.ratelimit
+        if runtime is None or not runtime.config.enabled:
+            return
+        key, limits = runtime.resolver.resolve(scope)
+        decision = await runtime.limiter.decide(key, limits)
+        if not decision.allowed:
+            self._shed_or_count(rate_limit_shed(decision, priority), "rate_limited")
+
+    def _shed_or_count(self, shed: Shed, label: str) -> None:
+        """Raise ``_Shed``; in dry-run count the would-be shed and go on instead."""
+        if self.responder.dry_run:
+            self.responder.count_would_shed(None, shed.reason, shed.priority)
+            return
+        raise _Shed(shed, label)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, deadline: float | None
-    ) -> None:
+        self, scope: Scope, receive: Receive, send: Send, priority: Priority,
+        deadline: float | None,
+    ) -> None:  # fmt: skip
         upstream = await self._open(scope, deadline)
+        label = "error"
         try:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
-            await _relay(receive, send, upstream)
+            relay = Relay(receive, send, upstream, limits=self.limits, budgets=self.budgets,
+                          clock=self.clock)  # fmt: skip
+            label = await relay.run()
+            if label == "buffer_full":
+                self.metrics.count_shed(ShedReason.CAPACITY, priority)
         finally:
-            await upstream.close()
+            self.closed.labels(label).inc()
+            if upstream.state is not State.CLOSED and upstream.transport is not None:
+                upstream.transport.abort()
 
     async def _open(self, scope: Scope, deadline: float | None) -> ClientConnection:
         """The upstream connection; the handshake's outcome is reported to the selector.
@@ -170,9 +275,8 @@ class WebSocketProxy:
             timeout = max(0.001, min(timeout, deadline - start))
         outcome = AttemptOutcome.GATEWAY_ERROR
         try:
-            connection: ClientConnection = await asyncio.wait_for(
-                self._connect(str(url), scope), timeout
-            )
+            async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancellation
+                connection: ClientConnection = await self._connect(str(url), scope)
             outcome = AttemptOutcome.SUCCESS
             return connection
         except TimeoutError:
@@ -212,6 +316,8 @@ class WebSocketProxy:
             proxy=None,
             open_timeout=None,
             max_size=self.config.max_message_bytes,
+            max_queue=_UPSTREAM_MAX_QUEUE,
+            close_timeout=self.config.close_timeout_ms / 1000.0,
         )
 
     async def _refuse(self, scope: Scope, send: Send, refusal: _Refused) -> None:
@@ -222,65 +328,24 @@ class WebSocketProxy:
         body = json.dumps(refusal.payload, separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]  # fmt: skip
-        if refusal.status == 429:
-            headers += [(b"retry-after", b"1"), (b"x-ballast-reason", refusal.reason.encode())]
         await send({"type": "websocket.http.response.start", "status": refusal.status,
                     "headers": headers})  # fmt: skip
         await send({"type": "websocket.http.response.body", "body": body})
 
-
-def _shed(reason: ShedReason) -> dict[str, object]:
-    return {"error": "shed", "reason": reason.value}
-
-
-async def _relay(receive: Receive, send: Send, upstream: ClientConnection) -> None:
-    """Pump frames both ways until one side closes, then pass the close on."""
-    tasks = [asyncio.ensure_future(_client_to_upstream(receive, upstream)),
-             asyncio.ensure_future(_upstream_to_client(send, upstream))]  # fmt: skip
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _client_to_upstream(receive: Receive, upstream: ClientConnection) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "websocket.receive":
-            text = message.get("text")
-            try:
-                await upstream.send(text if text is not None else message.get("bytes") or b"")
-            except ConnectionClosed:
-                return
-        elif message["type"] == "websocket.disconnect":
-            code = _sendable(message.get("code", 1000), vanished=1001)
-            await upstream.close(code, message.get("reason") or "")
+    async def _shed(self, scope: Scope, send: Send, shed: _Shed) -> None:
+        """The shed response an HTTP request would get (or a close before the accept)."""
+        self.refused.labels(shed.label).inc()
+        if _DENIAL not in scope.get("extensions", {}):
+            self.metrics.count_shed(shed.shed.reason, shed.shed.priority)
+            await send({"type": "websocket.close", "code": 1013})
             return
+        await self.responder.shed(_as_denial(send), shed.shed)
 
 
-async def _upstream_to_client(send: Send, upstream: ClientConnection) -> None:
-    try:
-        async for data in upstream:
-            key = "text" if isinstance(data, str) else "bytes"
-            await send({"type": "websocket.send", key: data})
-    except ConnectionClosed:
-        pass
-    except OSError:
-        return  # the client is gone; the other task sees its disconnect
-    code = _sendable(upstream.close_code or 1006, vanished=1011)
-    reason = upstream.close_reason or ""
-    try:
-        await send({"type": "websocket.close", "code": code, "reason": reason})
-    except OSError:
-        return
+def _as_denial(send: Send) -> Send:
+    """``send`` taking ``http.response.*`` messages as ``websocket.http.response.*``."""
 
+    async def denial(message: Message) -> None:
+        await send({**message, "type": "websocket." + message["type"]})
 
-def _sendable(code: int, *, vanished: int) -> int:
-    """A close code that may go in a close frame (1005 -> 1000; 1006/1015 -> ``vanished``)."""
-    if code == 1005:
-        return 1000
-    if code in _UNSENDABLE or not (1000 <= code <= 1014 or 3000 <= code <= 4999):
-        return vanished
-    return code
+    return denial

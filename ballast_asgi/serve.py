@@ -275,10 +275,16 @@ def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
 
 
 def websocket_settings(websocket: WebSocketConfig) -> dict[str, Any]:
-    """uvicorn's websocket limits from the ``websocket`` section: the largest message a
-    client may send (``--ws-max-size``, else 16 MiB) and the messages uvicorn's legacy
-    ``websockets`` implementation queues (``--ws-max-queue``, else 32)."""
-    return {"ws_max_size": websocket.max_message_bytes, "ws_max_queue": _WS_MAX_QUEUE}
+    """uvicorn's websocket settings from the ``websocket`` section: the paced protocol
+    (``serve_ws.py``), the largest message a client may send (``--ws-max-size``, else
+    16 MiB) and the messages the legacy ``websockets`` protocol queues (else 32)."""
+    from ballast_asgi.serve_ws import paced_protocol
+
+    return {
+        "ws": paced_protocol(websocket),
+        "ws_max_size": websocket.max_message_bytes,
+        "ws_max_queue": _WS_MAX_QUEUE,
+    }
 
 
 #: Messages uvicorn's legacy websockets protocol may queue ahead of the relay.
@@ -318,8 +324,8 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     per request was about 7 % of the gateway's CPU at saturation; the
     gateway's own is ``access_log.enabled``), and the keep-alive and
     connection cap of the ``server`` section where uvicorn's flags were left
-    at their defaults, and so are the websocket message size and queue
-    (``websocket_settings``). Returns whether a uvicorn config was found.
+    at their defaults, and so are the websocket protocol (paced), message size
+    and queue (``websocket_settings``). Returns whether a uvicorn config was found.
     """
     config = _find_uvicorn_config(frame)
     if config is None:
@@ -346,11 +352,20 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     if config.timeout_graceful_shutdown is None:
         config.timeout_graceful_shutdown = server.shutdown_timeout_ms / 1000.0
     ws = websocket_settings(gateway.websocket_config)
+    if getattr(config, "ws_protocol_class", None) is _uvicorn_default_ws():
+        config.ws_protocol_class = ws["ws"]
     if config.ws_max_size == _UVICORN_WS_MAX_SIZE:
         config.ws_max_size = ws["ws_max_size"]
     if config.ws_max_queue == _UVICORN_WS_MAX_QUEUE:
         config.ws_max_queue = ws["ws_max_queue"]
     return True
+
+
+def _uvicorn_default_ws() -> Any:
+    """The websocket protocol class uvicorn's ``--ws auto`` picks (None without a library)."""
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+
+    return AutoWebSocketsProtocol
 
 
 def _access_log_requested() -> bool:

@@ -39,6 +39,7 @@ _CAPS = (
     ("capacity", "max_held_requests"),
     ("capacity", "max_buffered_bytes"),
     ("websocket", "max_connections"),
+    ("websocket", "max_connections_per_client"),
     ("server", "max_connections"),
     ("proxy", "max_connections"),
 )

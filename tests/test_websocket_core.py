@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from uvicorn.config import Config
+from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
 from ballast_asgi.config import build_config
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
@@ -18,6 +19,7 @@ from ballast_asgi.core.websocket import Pace, RelayLimits
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.proxy.websocket import relay_limits
 from ballast_asgi.serve import adopt_uvicorn, uvicorn_settings
+from ballast_asgi.serve_ws import PacedWebSocketProtocol
 
 
 def test_pace_lets_one_second_of_burst_through_at_once() -> None:
@@ -137,9 +139,13 @@ def test_bad_websocket_keys_are_errors_naming_field_and_range(
 
 
 def test_the_cli_server_takes_the_message_size_from_the_websocket_section() -> None:
-    """uvicorn_settings: --ws-max-size is websocket.max_message_bytes (uvicorn's is 16 MiB)."""
-    settings = uvicorn_settings(ServerConfig(), WebSocketConfig(max_message_bytes=4096))
+    """uvicorn_settings: --ws-max-size is websocket.max_message_bytes (uvicorn's is 16 MiB),
+    and the websocket protocol is the paced one with the section's rates."""
+    config = WebSocketConfig(max_message_bytes=4096, max_messages_per_s=50.0)
+    settings = uvicorn_settings(ServerConfig(), config)
     assert settings["ws_max_size"] == 4096
+    assert issubclass(settings["ws"], PacedWebSocketProtocol)
+    assert settings["ws"].max_frames_per_s == 50.0
 
 
 def test_uvicorn_importing_the_gateway_gets_the_message_size() -> None:
@@ -154,5 +160,13 @@ def test_uvicorn_importing_the_gateway_gets_the_message_size() -> None:
 
     quiet = {"access_log": False, "proxy_headers": False}  # no global logging changes
     default, flagged = Config(gw, **quiet), Config(gw, ws_max_size=99_999, **quiet)
+    default.ws_protocol_class = AutoWebSocketsProtocol  # what Config.load resolved first
+    flagged.ws_protocol_class = ChosenProtocol  # --ws named another implementation
     assert load(default) and load(flagged)
     assert (default.ws_max_size, flagged.ws_max_size) == (8192, 99_999)
+    assert issubclass(default.ws_protocol_class, PacedWebSocketProtocol)
+    assert flagged.ws_protocol_class is ChosenProtocol
+
+
+class ChosenProtocol:
+    """Stands for a websocket implementation chosen with uvicorn's --ws."""

@@ -16,7 +16,10 @@ rate still passes, once)::
 
 The relay waits ``wait`` seconds before it reads the next message from that
 side, so a socket flooding tiny frames is held to ``max_messages_per_s``
-(the server stops reading it meanwhile: TCP pushes back on the sender).
+(the server stops reading it meanwhile: TCP pushes back on the sender). The
+server protocol (``ballast_asgi/serve_ws.py``) spends the same buckets per
+socket read, for every frame it parsed (pings and pongs too, which never
+reach the relay), and pauses reading the socket for ``wait``.
 
 **Buffer.** Bytes read from one side and not yet written to the other are
 counted per connection (both directions together). A side is read only while
@@ -112,11 +115,12 @@ class Pace:
         self._bytes = self._bytes_per_s
         self._last = now
 
-    def take(self, n_bytes: int, now: float) -> float:
-        """Spend one message of ``n_bytes``; the seconds to wait before the next read (0: none)."""
+    def take(self, n_bytes: int, now: float, messages: int = 1) -> float:
+        """Spend ``messages`` (frames) of ``n_bytes`` in all; the seconds to wait before the
+        next read (0: none)."""
         elapsed = max(0.0, now - self._last)
         self._last = max(self._last, now)
         rate_m, rate_b = self._messages_per_s, self._bytes_per_s
-        self._messages = min(rate_m, self._messages + elapsed * rate_m) - 1.0
+        self._messages = min(rate_m, self._messages + elapsed * rate_m) - messages
         self._bytes = min(rate_b, self._bytes + elapsed * rate_b) - n_bytes
         return max(0.0, -self._messages / rate_m, -self._bytes / rate_b)

@@ -110,11 +110,11 @@ def summary(values: list[float]) -> str:
             f"max {max(values):.1f} ms (n={len(values)})")  # fmt: skip
 
 
-def flood(gw: Target, seconds: float) -> None:
+def flood(gw: Target, seconds: float, opcode: int = 0x1) -> None:
     """One socket floods tiny frames at the echo upstream while health is probed."""
     print(f"health before: {summary(probe(gw.port, 2.0))}")
     sock = handshake(gw.port, "/echo")
-    batch = frame(b"x") * 8192
+    batch = frame(b"x", opcode) * 8192
     stop = threading.Event()
     sent = [0]
     got = [0]
@@ -152,7 +152,7 @@ def flood(gw: Target, seconds: float) -> None:
         t.join(5)
     reset(sock)
     frames = sent[0] // len(frame(b"x"))
-    echoed = got[0] // 3  # an unmasked one-byte server frame is 3 bytes
+    echoed = got[0] // 3  # an unmasked one-byte server frame (or pong) is 3 bytes
     print(f"flood {elapsed:.1f} s: the client wrote {frames / elapsed:,.0f} frames/s (socket "
           f"buffers included), {echoed / elapsed:,.0f} echoed frames/s came back")  # fmt: skip
     print(f"health during flood: {summary(during)}")
@@ -255,6 +255,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--config", default="", help="YAML text added to the gateway config")
     parser.add_argument("--only", choices=("flood", "stall"), default=None)
+    parser.add_argument("--ping", action="store_true", help="flood ping frames, not text")
     args = parser.parse_args()
     pin = can_pin()
     if pin:
@@ -267,7 +268,7 @@ def main() -> int:
         config = "admin:\n  on_traffic_port: true\n" + args.config
         gw = start_gateway(procs, "gw", f"http://{HOST}:{up}", 0 if pin else None, config)
         if args.only in (None, "flood"):
-            flood(gw, args.flood_s)
+            flood(gw, args.flood_s, 0x9 if args.ping else 0x1)
         if args.only in (None, "stall"):
             stalled(gw, args.message_mib, args.send_s, args.watch_s, args.clients)
     return 0

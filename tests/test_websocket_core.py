@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from uvicorn.config import Config
 from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
 
-from ballast_asgi.config import build_config
+from ballast_asgi.config import build_config, load_config
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.core.connections import ConnectionCap
 from ballast_asgi.core.errors import ConfigError
@@ -170,3 +171,21 @@ def test_uvicorn_importing_the_gateway_gets_the_message_size() -> None:
 
 class ChosenProtocol:
     """Stands for a websocket implementation chosen with uvicorn's --ws."""
+
+
+@pytest.mark.anyio
+async def test_a_reload_applies_the_websocket_caps_and_relay_limits(tmp_path: Path) -> None:
+    """SIGHUP/POST reload: new upgrades see the new caps, new relays the new limits."""
+    path = tmp_path / "gw.yaml"
+    path.write_text("upstream: http://u.test\n")
+    gw = build_gateway(load_config(env={}, path=path), config_path=path, env={})
+    path.write_text(
+        "upstream: http://u.test\nwebsocket:\n  max_connections: 4\n"
+        "  max_connections_per_client: 1\n  idle_timeout_ms: 500\n"
+    )
+    ok, message = await gw.reload()
+    assert ok, message
+    cap = gw.websockets.cap
+    assert (cap.max_connections, cap.shared, cap.max_per_client) == (4, 3, 1)
+    assert gw.websockets.limits.idle_timeout_ms == 500
+    assert gw.snapshot()["websocket"]["max_per_client"] == 1

@@ -288,6 +288,23 @@ def test_one_client_address_cannot_hold_every_slot(echo: tuple[Echo, str]) -> No
     assert gw.websockets.cap.by_client == {}
 
 
+def test_dry_run_counts_an_upgrade_over_the_client_cap_and_lets_it_through(
+    echo: tuple[Echo, str],
+) -> None:
+    """load_shed_dry_run: the second upgrade from one client (cap 1) is relayed and counted
+    as a would-be capacity shed; it holds no slot."""
+    data = {"load_shed_dry_run": True, "websocket": {"max_connections_per_client": 1}}
+    with gateway(echo[1], **data) as (port, gw):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url), connect(url) as second:
+            second.send("through")
+            assert second.recv(timeout=5) == "through"
+            assert gw.websockets.cap.open == 1
+        text = httpx.get(f"http://127.0.0.1:{port}/_ballast/metrics").text
+        _settle(port, gw)
+    assert 'ballast_dry_run_shed_total{priority="standard",reason="capacity"} 1.0' in text
+
+
 def test_an_idle_connection_is_closed_with_1001(echo: tuple[Echo, str]) -> None:
     """idle_timeout_ms 200: a connection with no traffic is closed on both sides with 1001."""
     app, upstream = echo

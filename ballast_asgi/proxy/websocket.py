@@ -11,7 +11,8 @@ for an HTTP request, in the same order:
 3. the rate limit (``rate_limit.*``, when enabled): the upgrade spends from the
    bucket an HTTP ``GET`` to the same path from the same client would, and is
    refused as that request would be (``rate_limited``, ``Retry-After`` the
-   refill time, the ``RateLimit`` headers);
+   refill time, the ``RateLimit`` headers); an admitted upgrade's 101 carries
+   the ``RateLimit`` headers too when ``rate_limit.headers`` is ``all``;
 4. the connection takes a slot of its own cap (``websocket.max_connections``,
    a ``reserved_fraction`` kept for the critical tier, at most
    ``max_connections_per_client`` for one client address as the gateway
@@ -42,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -68,7 +71,7 @@ from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import Clock, Message, Receive, Scope, Send
 from ballast_asgi.core.websocket import RelayLimits
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.middleware.ratelimit import rate_limit_shed
+from ballast_asgi.middleware.ratelimit import rate_limit_headers, rate_limit_shed
 from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers
 from ballast_asgi.proxy.upstream import Selector
@@ -88,6 +91,17 @@ class _Refused(Exception):
     def __init__(self, status: int, payload: dict[str, object], reason: str) -> None:
         super().__init__(reason)
         self.status, self.payload, self.reason = status, payload, reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """An upgrade past admission: its tier, deadline, whether it holds a cap slot, and the
+    headers its accept carries."""
+
+    priority: Priority
+    deadline: float | None
+    held: bool
+    headers: list[tuple[bytes, bytes]]
 
 
 class _Shed(Exception):
@@ -173,7 +187,7 @@ class WebSocketProxy:
             return
         client = client_ip(scope)
         try:
-            priority, deadline, held = await self._admit(scope, client)
+            admitted = await self._admit(scope, client)
         except _Refused as refusal:
             await self._refuse(scope, send, refusal)
             return
@@ -181,18 +195,15 @@ class WebSocketProxy:
             await self._shed(scope, send, shed)
             return
         try:
-            await self._serve(scope, receive, send, priority, deadline)
+            await self._serve(scope, receive, send, admitted)
         except _Refused as refusal:
             await self._refuse(scope, send, refusal)
         finally:
-            if held:
+            if admitted.held:
                 self.cap.release(client)
 
-    async def _admit(self, scope: Scope, client: str | None) -> tuple[Priority, float | None, bool]:
-        """An admitted upgrade's tier, deadline and whether it took a cap slot.
-
-        ``_Refused`` (an error answer) or ``_Shed`` (a shed) otherwise.
-        """
+    async def _admit(self, scope: Scope, client: str | None) -> _Admitted:
+        """An admitted upgrade; ``_Refused`` (an error answer) or ``_Shed`` (a shed) otherwise."""
         if not self.config.enabled:
             log.warning("websocket upgrade refused (websocket.enabled is false): %s", scope["path"])
             raise _Refused(403, {"error": "websockets_disabled"}, "disabled")
@@ -202,12 +213,12 @@ class WebSocketProxy:
         priority, deadline = self._classify(scope)
         if deadline is not None and deadline <= self.clock():
             self._shed_or_count(Shed(ShedReason.DEADLINE, priority), "deadline")
-        await self._rate_limit(scope, priority)
+        headers = await self._rate_limit(scope, priority)
         if self.cap.try_acquire(priority, client):
-            return priority, deadline, True
+            return _Admitted(priority, deadline, True, headers)
         label = "client_cap" if self.cap.client_full(client) else "capacity"
         self._shed_or_count(Shed(ShedReason.CAPACITY, priority), label)
-        return priority, deadline, False
+        return _Admitted(priority, deadline, False, headers)
 
     def _classify(self, scope: Scope) -> tuple[Priority, float | None]:
         headers = scope["headers"]
@@ -222,15 +233,20 @@ class WebSocketProxy:
             bad = {"error": "bad_request", "message": str(exc), "header": exc.header}
             raise _Refused(400, dict(bad), "bad_request") from None
 
-    async def _rate_limit(self, scope: Scope, priority: Priority) -> None:
-        """Spend from the upgrade's rate-limit bucket, as an HTTP GET would."""
+    async def _rate_limit(self, scope: Scope, priority: Priority) -> list[tuple[bytes, bytes]]:
+        """Spend from the upgrade's rate-limit bucket, as an HTTP GET would; the
+        ``RateLimit`` headers for the accept (``rate_limit.headers: all``)."""
         runtime = self.ratelimit
         if runtime is None or not runtime.config.enabled:
-            return
+            return []
         key, limits = runtime.resolver.resolve(scope)
         decision = await runtime.limiter.decide(key, limits)
         if not decision.allowed:
             self._shed_or_count(rate_limit_shed(decision, priority), "rate_limited")
+            return []
+        if runtime.config.headers != "all":
+            return []
+        return rate_limit_headers(decision, max(0, math.ceil(decision.reset_s)))
 
     def _shed_or_count(self, shed: Shed, label: str) -> None:
         """Raise ``_Shed``; in dry-run count the would-be shed and go on instead."""
@@ -239,19 +255,17 @@ class WebSocketProxy:
             return
         raise _Shed(shed, label)
 
-    async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, priority: Priority,
-        deadline: float | None,
-    ) -> None:  # fmt: skip
-        upstream = await self._open(scope, deadline)
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, admitted: _Admitted) -> None:
+        upstream = await self._open(scope, admitted.deadline)
         label = "error"
         try:
-            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+            await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol,
+                        "headers": admitted.headers})  # fmt: skip
             relay = Relay(receive, send, upstream, limits=self.limits, budgets=self.budgets,
                           clock=self.clock)  # fmt: skip
             label = await relay.run()
             if label == "buffer_full":
-                self.metrics.count_shed(ShedReason.CAPACITY, priority)
+                self.metrics.count_shed(ShedReason.CAPACITY, admitted.priority)
         finally:
             self.closed.labels(label).inc()
             if upstream.state is not State.CLOSED and upstream.transport is not None:

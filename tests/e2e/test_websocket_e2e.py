@@ -231,13 +231,16 @@ def _shed_headers(headers: Any) -> dict[str, str]:
 def test_rate_limit_applies_at_the_upgrade_with_the_http_shed_answer(
     echo: tuple[Echo, str],
 ) -> None:
-    """At 1/s burst 1 the second upgrade gets the 429 an HTTP request gets, same headers."""
+    """At 1/s burst 1 the second upgrade gets the 429 an HTTP request gets, same headers;
+    the admitted one's 101 carries the RateLimit headers as an admitted response does."""
     limit = {"enabled": True, "rate_per_s": 1, "burst": 1}
     with gateway(echo[1], rate_limit=limit) as (port, gw):
         url = f"ws://127.0.0.1:{port}/chat"
         with connect(url) as ws:
             ws.send("in")
             assert ws.recv(timeout=5) == "in"
+            assert ws.response is not None
+            admitted = ws.response.headers
         with pytest.raises(InvalidStatus) as refused:
             connect(url)
         http = httpx.get(f"http://127.0.0.1:{port}/chat")
@@ -249,6 +252,7 @@ def test_rate_limit_applies_at_the_upgrade_with_the_http_shed_answer(
     assert int(ws_headers["retry-after"]) >= 1
     assert ws_headers.keys() == _shed_headers(http.headers).keys()
     assert bytes(response.body).startswith(b'{"error":"shed","reason":"rate_limited"')
+    assert admitted["ratelimit-policy"] == ws_headers["ratelimit-policy"]  # on the 101 too
 
 
 def test_a_spent_deadline_is_shed_at_the_upgrade(echo: tuple[Echo, str]) -> None:

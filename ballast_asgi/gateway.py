@@ -186,10 +186,19 @@ class Gateway:
         return CanaryAdmin(self.canary, token=lambda: self.config.admin.token).routes()
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """200 ``ok``, or 503 ``draining`` once a graceful shutdown began."""
+        """200 ``ok``; 200 ``degraded`` with reasons when a dependency is lost (Redis,
+        etcd, every instance failing its probes); 503 ``draining`` once a shutdown began."""
         if self.draining:
             return 503, {"status": "draining"}
+        reasons = self.degraded()
+        if reasons:
+            return 200, {"status": "degraded", "reasons": reasons}
         return 200, {"status": "ok"}
+
+    def degraded(self) -> list[str]:
+        """Why the gateway runs degraded (empty when it does not): one line per cause."""
+        reasons = self.pool.degraded() if self.pool is not None else []
+        return reasons
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -276,6 +285,9 @@ class Gateway:
             if self.pool is not None
             else plain_snapshot(self.proxy_app.selector)
         )
+        if self.pool is not None:
+            doc["pool"] = self.pool.summary()
+        doc["degraded"] = self.degraded()
         doc["config"] = {
             "version": self.version,
             "loaded_at": self.loaded_at,

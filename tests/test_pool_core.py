@@ -229,3 +229,63 @@ def test_pure_modules_import_nothing_heavy() -> None:
         } | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
              for a in n.names}  # fmt: skip
         assert not mods & forbidden, (name, mods & forbidden)
+
+
+def _notes() -> tuple[list[tuple[str, str, dict[str, object]]], object]:
+    seen: list[tuple[str, str, dict[str, object]]] = []
+
+    def notify(event: str, level: str, **fields: object) -> None:
+        seen.append((event, level, fields))
+
+    return seen, notify
+
+
+def test_panic_never_chooses_an_ejected_instance() -> None:
+    """Every instance failing its probes (panic): an ejected one still gets no attempt."""
+    pool = make_pool(health=HealthPolicy(unhealthy_threshold=1))
+    for inst in pool.instances:
+        pool.record_probe(inst, False, "status 404")
+    bad = pool.instances[0]
+    for i in range(5):
+        lease = pool.choose(0.0, exclude={URLS[1], URLS[2]})
+        pool.settle(lease, AttemptOutcome.CONNECT_ERROR, 0.01 * i)
+    assert bad.outlier.ejected(0.1)
+    chosen = Counter(pool.choose(0.1, exclude={URLS[1]}).instance.key for _ in range(100))
+    assert pool.eligible(0.1)[1] and URLS[0] not in chosen
+
+
+def test_state_changes_are_notified_once() -> None:
+    """Ejected/restored, unhealthy/healthy, all failing and panic enter/leave: one note each."""
+    seen, notify = _notes()
+    pool = make_pool(health=HealthPolicy(unhealthy_threshold=1, healthy_threshold=1))
+    pool.notify = notify  # type: ignore[assignment]
+    for inst in pool.instances:
+        pool.record_probe(inst, False, "status 500")
+    pool.eligible(0.0)
+    pool.eligible(0.1)
+    for inst in pool.instances:
+        pool.record_probe(inst, True)
+    pool.eligible(0.2)
+    for _ in range(5):
+        lease = pool.choose(1.0, exclude={URLS[1], URLS[2]})
+        pool.settle(lease, AttemptOutcome.CONNECT_ERROR, 1.0)
+    pool.eligible(3.0)
+    pool.eligible(7.0)
+    names = [e for e, _, _ in seen]
+    assert names == ["pool.instance_unhealthy"] * 3 + ["pool.all_failing_probes",
+                     "pool.panic_enter", "pool.instance_healthy", "pool.probes_recovered",
+                     "pool.instance_healthy", "pool.instance_healthy", "pool.panic_leave",
+                     "pool.instance_ejected", "pool.instance_restored"]  # fmt: skip
+    ejected = seen[-2][2]
+    assert ejected["instance"] == URLS[0] and ejected["rule"] == "consecutive"
+    assert ejected["ejection_s"] == 5.0 and seen[-2][1] == "warning"
+
+
+def test_warnings_say_when_every_probe_fails() -> None:
+    """The snapshot's pool warnings name the probe path when every instance fails it."""
+    pool = make_pool(health=HealthPolicy(unhealthy_threshold=1, expect="2xx"))
+    assert pool.warnings() == []
+    for inst in pool.instances:
+        pool.record_probe(inst, False, "status 404")
+    (warning,) = pool.warnings()
+    assert "GET /health" in warning and "expect 2xx" in warning

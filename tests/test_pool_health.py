@@ -122,3 +122,30 @@ async def test_http_probe_refused_port() -> None:
     finally:
         await probe.aclose()
     assert not passed and error == "ConnectError"
+
+
+def test_default_expectation_passes_any_answer_below_500() -> None:
+    """By default a 404 (no health endpoint) passes and a 5xx fails; ``2xx`` wants 2xx/3xx."""
+    default, strict = HealthPolicy(), HealthPolicy(expect="2xx")
+    assert default.passes(404) and default.passes(200) and default.passes(499)
+    assert not default.passes(500) and not default.passes(503)
+    assert strict.passes(204) and strict.passes(302) and not strict.passes(404)
+
+
+@pytest.mark.anyio
+async def test_http_probe_counts_a_404_as_alive_by_default() -> None:
+    """The default probe against an app without /health (real server, 404) passes."""
+    from tests.e2e.nohealth_app import app
+    from tests.e2e.support import free_port, serve_in_thread, stop_thread
+
+    port = free_port()
+    server, thread = serve_in_thread(app, port)
+    probe, strict = HttpProbe(HealthPolicy().passes), HttpProbe()
+    try:
+        url = f"http://127.0.0.1:{port}/health"
+        assert await probe(url, 2.0) == (True, None)
+        assert await strict(url, 2.0) == (False, "status 404")
+    finally:
+        await probe.aclose()
+        await strict.aclose()
+        stop_thread(server, thread)

@@ -10,7 +10,8 @@ from ballast_asgi.core.limiter import Limiter
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.proxy.upstream import Upstream
 from ballast_asgi.upstreams.instance import InstanceSpec
-from ballast_asgi.upstreams.pool import Pool
+from ballast_asgi.upstreams.outlier import OutlierPolicy
+from ballast_asgi.upstreams.pool import Pool, PoolPolicy
 from ballast_asgi.upstreams.selector import PoolSelector
 from tests.fakes import FakeClock
 
@@ -28,9 +29,16 @@ def _selector(clock: FakeClock, urls: list[str] = URLS) -> PoolSelector:
 
 
 def test_choose_excludes_tried_upstreams() -> None:
-    """An upstream already tried is not chosen again while others remain."""
+    """An upstream already tried is not chosen again while others remain (nothing ejected)."""
     clock = FakeClock(0.0)
-    sel = _selector(clock)
+    pool = Pool(
+        [InstanceSpec(u) for u in URLS],
+        make_limiter=lambda: Limiter(make_limit("fixed", limit=50)),
+        make_breaker=lambda: Breaker(enabled=False),
+        policy=PoolPolicy(outlier=OutlierPolicy(enabled=False)),
+        rng=random.Random(5),
+    )
+    sel = PoolSelector(pool, clock, max_lease_s=10.0)
     for _ in range(30):
         first = sel.choose(None)
         second = sel.choose(None, (first,))

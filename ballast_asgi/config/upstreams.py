@@ -86,8 +86,11 @@ class HealthCheckConfig(Frozen):
     """Active HTTP probes of each instance (pools only), off the request path."""
 
     enabled: bool = True
-    #: Probed with GET; a 2xx/3xx within timeout_ms passes.
+    #: Probed with GET within timeout_ms; what passes is ``expect``.
     path: str = "/health"
+    #: below_500: any answer below 500 passes (an app without this path answers 404 and
+    #: stays in); 2xx: only 2xx/3xx (an app with a real health endpoint).
+    expect: Literal["below_500", "2xx"] = "below_500"
     interval_ms: int = Field(500, ge=10, le=600_000)
     timeout_ms: int = Field(1_000, ge=1, le=60_000)
     #: Passed probes in a row that bring an unhealthy instance back.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.limit import make_limit
 from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.events import emit
 from ballast_asgi.stack import make_algorithm
 from ballast_asgi.upstreams.health import HealthPolicy
 from ballast_asgi.upstreams.instance import InstanceSpec
@@ -45,6 +46,7 @@ def build_pool(config: GatewayConfig, rng: random.Random) -> Pool:
         make_breaker=lambda: instance_breaker(config),
         policy=policy(config),
         rng=rng,
+        notify=emit,
     )
 
 

@@ -30,9 +30,10 @@ OnChange = Callable[[Instance, bool], None]
 
 
 class HttpProbe:
-    """The default probe: GET over a dedicated httpx client; 2xx/3xx passes."""
+    """The default probe: GET over a dedicated httpx client; ``passes(status)`` decides."""
 
-    def __init__(self) -> None:
+    def __init__(self, passes: Callable[[int], bool] = lambda s: 200 <= s < 400) -> None:
+        self._passes = passes
         self._client = httpx.AsyncClient(
             trust_env=False,
             follow_redirects=False,
@@ -46,7 +47,7 @@ class HttpProbe:
             return False, "timeout"
         except httpx.HTTPError as exc:
             return False, type(exc).__name__
-        if 200 <= response.status_code < 400:
+        if self._passes(response.status_code):
             return True, None
         return False, f"status {response.status_code}"
 
@@ -67,7 +68,7 @@ class HealthChecker:
         on_change: OnChange | None = None,
     ) -> None:
         self.pool = pool
-        self._own_probe = HttpProbe() if probe is None else None
+        self._own_probe = HttpProbe(pool.policy.health.passes) if probe is None else None
         self._probe: Probe = probe if probe is not None else self._own_probe  # type: ignore[assignment]
         self._rng = rng if rng is not None else random.Random()
         self._sleep = sleep

@@ -7,8 +7,22 @@ States::
 
 An instance starts healthy (the gateway serves at once; the first failed
 probes take it out), and a passed probe resets the failure run and vice
-versa. A probe passes when the instance answers the health path with a 2xx
-within the probe timeout. When probes run is the driver's business
+versa. What passes is ``expect``:
+
+* ``below_500`` (the default): any HTTP answer below 500 within the probe
+  timeout: the process is up and serving. An app without a health endpoint
+  answers its 404 and stays in; a 5xx, a refused connection, a reset or a
+  timeout fail. Without this default, ``BALLAST_UPSTREAM=a,b,c`` in front of an
+  app that has no ``/health`` marked every instance unhealthy, kept the pool
+  in panic mode for ever and so disabled failover (issue 30);
+* ``2xx``: only a 2xx or 3xx passes, for apps whose health endpoint answers
+  503 when they are not ready (set it with the path of that endpoint).
+
+Every instance failing its probes is reported (event
+``pool.all_failing_probes``, ``/snapshot``'s ``pool.warnings``, health
+``degraded``): that is nearly always a wrong path or expectation.
+
+When probes run is the driver's business
 (``checker.py``): every ``interval_ms``, each instance on its own schedule,
 with the next delay jittered by ``+/- jitter`` (a share of the interval) from
 an injected ``random.Random``, so a fleet of gateways does not probe in step.
@@ -23,6 +37,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
+
+Expect = Literal["below_500", "2xx"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +53,13 @@ class HealthPolicy:
     healthy_threshold: int = 2
     unhealthy_threshold: int = 3
     jitter: float = 0.1
+    expect: Expect = "below_500"
+
+    def passes(self, status: int) -> bool:
+        """Whether a probe answered with ``status`` passes (see ``expect``)."""
+        if self.expect == "2xx":
+            return 200 <= status < 400
+        return status < 500
 
     def next_delay_s(self, rng: random.Random) -> float:
         """Seconds until an instance's next probe: the interval, jittered."""

@@ -5,8 +5,12 @@
 1. *routable* instances are present, pass their probes, are not ejected and
    their breaker is not open (``Instance.routable``);
 2. **panic mode**: when fewer than ``panic_threshold`` (default 0.5) of the
-   instances are routable, all of them are eligible (better to spread load
-   over instances that may be fine than to pile it on the last few);
+   instances are routable, every instance that is not ejected and whose
+   breaker is not open is eligible, whatever its probes say (better to spread
+   load over instances that may be fine than to pile it on the last few);
+   only when that leaves none are all of them eligible. Passive evidence from
+   real requests still rules in panic: an ejected instance is never chosen
+   while another one is not;
 3. instances named in ``exclude`` (already tried by this request) are left
    out unless nothing else is eligible;
 4. instances whose own limiter has room are preferred; when none has, the
@@ -23,6 +27,11 @@ client asked for, or a client gone, is neutral everywhere).
 ``set_instances(specs)`` swaps the instance list (reload, discovery): kept URLs
 keep their state, new ones start fresh, removed ones leave the rotation at
 once and finish the attempts already out on them.
+
+State changes are reported through the injected ``notify`` (the gateway
+passes ``ballast_asgi.events.emit``): an instance ejected or restored, failing
+or passing its probes, every instance failing its probes, panic mode entered
+or left. The pool stays pure: it only calls the hook.
 """
 
 from __future__ import annotations
@@ -50,6 +59,12 @@ _GATEWAY_FAILURES = frozenset(
     {AttemptOutcome.CONNECT_ERROR, AttemptOutcome.PROTOCOL_ERROR, AttemptOutcome.TIMEOUT}
 )
 GATEWAY_STATUSES = frozenset({502, 503, 504})
+#: ``notify(event, level, key=..., **fields)``: one state change (``events.emit``'s shape).
+Notify = Callable[..., object]
+
+
+def _silent(*_: object, **__: object) -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +96,14 @@ class Pool:
         make_breaker: Callable[[], Breaker],
         policy: PoolPolicy | None = None,
         rng: random.Random | None = None,
+        notify: Notify = _silent,
     ) -> None:
         if not specs:
             raise ValueError("a pool needs at least one instance")
+        self.notify = notify
+        #: Keys of the instances last seen ejected, and whether the last pick panicked.
+        self._out: set[str] = set()
+        self.in_panic = False
         self.policy = policy = policy if policy is not None else PoolPolicy()
         self.rng = rng if rng is not None else random.Random()
         self.detector = OutlierDetector(policy.outlier)
@@ -126,10 +146,43 @@ class Pool:
     # -- choosing ---------------------------------------------------------------
     def eligible(self, now: float) -> tuple[list[Instance], bool]:
         """The instances a pick may use now, and whether that is panic mode."""
-        self.detector.evaluate([i.outlier for i in self.instances], now)
+        for state in self.detector.evaluate([i.outlier for i in self.instances], now):
+            self._ejected(
+                next(i for i in self.instances if i.outlier is state), now, "success_rate"
+            )
+        self._restored(now)
         routable = [i for i in self.instances if i.routable(now)]
         panic = not routable or len(routable) < self.policy.panic_threshold * len(self.instances)
-        return (list(self.instances) if panic else routable), panic
+        self._panic_changed(panic, len(routable))
+        if not panic:
+            return routable, False
+        alive = [i for i in self.instances
+                 if not i.outlier.ejected(now) and i.breaker.can_acquire(now)]  # fmt: skip
+        return (alive or list(self.instances)), True
+
+    def _ejected(self, inst: Instance, now: float, rule: str) -> None:
+        self._out.add(inst.key)
+        seconds = round(inst.outlier.ejected_until - now, 3)
+        self.notify("pool.instance_ejected", "warning", key=inst.key, instance=inst.key,
+                    rule=rule, ejection_s=seconds, ejections=inst.outlier.ejections)  # fmt: skip
+
+    def _restored(self, now: float) -> None:
+        if not self._out:
+            return
+        for inst in self.instances:
+            if inst.key in self._out and not inst.outlier.ejected(now):
+                self._out.discard(inst.key)
+                self.notify("pool.instance_restored", "info", key=inst.key, instance=inst.key,
+                            ejections=inst.outlier.ejections)  # fmt: skip
+        self._out &= {i.key for i in self.instances}
+
+    def _panic_changed(self, panic: bool, routable: int) -> None:
+        if panic == self.in_panic:
+            return
+        self.in_panic = panic
+        event, level = ("pool.panic_enter", "warning") if panic else ("pool.panic_leave", "info")
+        self.notify(event, level, routable=routable, instances=len(self.instances),
+                    panic_threshold=self.policy.panic_threshold)  # fmt: skip
 
     def choose(self, now: float, exclude: Collection[str] = ()) -> Lease:
         """A lease on one instance for one attempt (never refuses)."""
@@ -165,8 +218,9 @@ class Pool:
             return
         if not complete:
             inst.failures += 1
-        self.detector.record_body(inst.outlier, [i.outlier for i in self.instances], now,
-                                  complete=complete)  # fmt: skip
+        if self.detector.record_body(inst.outlier, [i.outlier for i in self.instances], now,
+                                     complete=complete):  # fmt: skip
+            self._ejected(inst, now, "consecutive_body")
 
     def settle(
         self,
@@ -191,13 +245,15 @@ class Pool:
         elif verdict is Verdict.FAILURE:
             inst.failures += 1
         if verdict is not Verdict.NEUTRAL and not inst.removed:
-            self.detector.record(
+            ejected = self.detector.record(
                 inst.outlier,
                 [i.outlier for i in self.instances],
                 now,
                 failure=verdict is Verdict.FAILURE,
                 gateway_failure=is_gateway_failure(outcome, status),
             )
+            if ejected:
+                self._ejected(inst, now, "consecutive")
         if inst.removed and inst.outstanding == 0 and inst in self.draining:
             self.draining.remove(inst)
 
@@ -213,7 +269,38 @@ class Pool:
 
     def record_probe(self, instance: Instance, passed: bool, error: str | None = None) -> bool:
         """Take one active probe result; True when the instance's health changed."""
-        return instance.health.record(passed, self.policy.health, error)
+        was_all = self.all_failing_probes()
+        changed = instance.health.record(passed, self.policy.health, error)
+        if not changed:
+            return False
+        h = self.policy.health
+        if passed:
+            self.notify("pool.instance_healthy", "info", key=instance.key, instance=instance.key)
+        else:
+            self.notify("pool.instance_unhealthy", "warning", key=instance.key,
+                        instance=instance.key, error=error, probe=h.path, expect=h.expect,
+                        failed_in_a_row=h.unhealthy_threshold)  # fmt: skip
+        now_all = self.all_failing_probes()
+        if now_all and not was_all:
+            self.notify("pool.all_failing_probes", "error", instances=len(self.instances),
+                        probe=h.path, expect=h.expect, error=error)  # fmt: skip
+        elif was_all and not now_all:
+            self.notify("pool.probes_recovered", "info", instance=instance.key)
+        return True
+
+    def all_failing_probes(self) -> bool:
+        """Whether every instance currently fails its active probes."""
+        return bool(self.instances) and not any(i.health.healthy for i in self.instances)
+
+    def warnings(self) -> list[str]:
+        """Conditions an operator should know of (``/snapshot``'s ``pool.warnings``)."""
+        if not self.all_failing_probes():
+            return []
+        h = self.policy.health
+        return [
+            f"every instance fails its health probe (GET {h.path}, expect {h.expect}): the pool "
+            "runs in panic mode; check upstreams.health_check.path and .expect"
+        ]
 
     # -- reading ----------------------------------------------------------------
     def total_limit(self, now: float) -> int:

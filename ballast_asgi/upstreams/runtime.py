@@ -33,6 +33,7 @@ from ballast_asgi.upstreams import metrics as pool_metrics
 from ballast_asgi.upstreams.build import build_pool, specs
 from ballast_asgi.upstreams.checker import HealthChecker
 from ballast_asgi.upstreams.limit import PoolLimit
+from ballast_asgi.upstreams.pool import Notify, Pool
 from ballast_asgi.upstreams.selector import PoolSelector
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class PoolRuntime:
         if not config.instances:  # discovery before its first version: never chosen (503)
             config = config.model_copy(update={"upstream": DISCOVERY_PLACEHOLDER})
         pool = build_pool(config, rng)
+        pool.notify = _quiet_on_placeholder(pool)
         checker = HealthChecker(pool, rng=rng) if config.upstreams.health_check.enabled else None
         max_lease_s = config.proxy.timeout_ms / 1000.0 + LEASE_SLACK_S
         selector = PoolSelector(pool, clock, max_lease_s=max_lease_s)
@@ -143,6 +145,16 @@ class PoolRuntime:
         """The ``upstreams`` list of ``/snapshot``."""
         return self.pool.snapshot(self.selector.clock())
 
+    def summary(self) -> dict[str, Any]:
+        """``/snapshot``'s ``pool``: panic mode and the warnings an operator should see."""
+        return {"panic": self.pool.in_panic, "warnings": self.degraded()}
+
+    def degraded(self) -> list[str]:
+        """Reasons for health ``degraded`` (every instance failing its probes)."""
+        if _placeholder_only(self.pool):
+            return []
+        return [f"upstreams: {w}" for w in self.pool.warnings()]
+
 
 class _WithProbes:
     """Passes everything to the proxy; lifespan also starts and stops the probes."""
@@ -165,6 +177,22 @@ class _WithProbes:
             return message
 
         await self.app(scope, watch, send)
+
+
+def _placeholder_only(pool: Pool) -> bool:
+    return all(i.url == DISCOVERY_PLACEHOLDER for i in pool.instances)
+
+
+def _quiet_on_placeholder(pool: Pool) -> Notify:
+    """The pool's events, without those about discovery's placeholder instance."""
+    notify = pool.notify
+
+    def send(event: str, level: str, **fields: Any) -> object:
+        if _placeholder_only(pool):
+            return None
+        return notify(event, level, **fields)
+
+    return send
 
 
 def plain_snapshot(selector: Selector) -> list[dict[str, Any]]:

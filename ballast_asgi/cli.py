@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -34,6 +35,8 @@ from ballast_asgi.config import LIMITER_NAMES, load_config
 from ballast_asgi.config.load import check_file
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
+from ballast_asgi.events import FORMATS
+from ballast_asgi.events import configure as configure_events
 from ballast_asgi.gateway import Gateway, build_gateway
 from ballast_asgi.serve import QuietServer, uvicorn_settings
 from ballast_asgi.supervisor import run_workers
@@ -61,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
         help="processes sharing the port; every cap is divided between them (default 1)",
     )  # fmt: skip
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.add_argument(
+        "--log-format", choices=FORMATS, default=None,
+        help="operator events (docs/operations.md): text or json lines on stderr "
+        "(default BALLAST_LOG_FORMAT, else text)",
+    )  # fmt: skip
     p.add_argument("--access-log", action="store_true", help="log every request (slow)")
     return p
 
@@ -202,6 +210,17 @@ def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.soc
     return gateway, traffic, admin
 
 
+def _configure_events(args: argparse.Namespace) -> None:
+    """Operator events on stderr: ``--log-format`` or ``BALLAST_LOG_FORMAT``; level INFO
+    (state changes and recoveries show at uvicorn's default ``warning``) unless
+    ``--log-level`` asks for less."""
+    fmt = args.log_format or os.environ.get("BALLAST_LOG_FORMAT") or "text"
+    if fmt not in FORMATS:
+        raise ConfigError(f"BALLAST_LOG_FORMAT: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    quiet = args.log_level.lower() in ("error", "critical")
+    configure_events(fmt, args.log_level if quiet else "info")
+
+
 def _run(main: Any) -> None:
     try:
         import uvloop
@@ -244,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return discovery_main(argv)
     args = _parser().parse_args(argv)
     try:
+        _configure_events(args)
         gateway, traffic, admin = _start(args)
     except ConfigError as exc:
         print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)

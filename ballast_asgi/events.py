@@ -66,12 +66,12 @@ class EventLog:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: bool = False
 
-    def emit(self, event: str, level: Level = "warning", *, key: str = "", **fields: Any) -> bool:
+    def emit(self, event: str, level: str = "warning", *, key: str = "", **fields: Any) -> bool:
         """Log ``event`` unless its (event, key) bucket is empty; True when written."""
         if not self._ready:
             self._ready = True
             _auto_configure(self.logger)
-        number = _LEVELS[level]
+        number = _LEVELS.get(level, logging.WARNING)
         if not self.logger.isEnabledFor(number):
             return False
         suppressed = self._take(event, key)
@@ -170,7 +170,10 @@ def _auto_configure(log: logging.Logger) -> None:
         if log.level == logging.NOTSET:
             log.setLevel(logging.INFO)
         return
-    configure()
+    try:
+        configure()
+    except ValueError:  # a bad BALLAST_LOG_FORMAT (the CLI refuses it at start-up)
+        configure("text")
 
 
 #: The process's event log.

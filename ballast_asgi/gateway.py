@@ -198,6 +198,12 @@ class Gateway:
     def degraded(self) -> list[str]:
         """Why the gateway runs degraded (empty when it does not): one line per cause."""
         reasons = self.pool.degraded() if self.pool is not None else []
+        if self.parts.ratelimit is not None and self.config.rate_limit.enabled:
+            reasons += self.parts.ratelimit.degraded()
+        if self.discovery is not None:
+            reasons += self.discovery.degraded()
+        if self.parts.breaker.state(self.clock()).value == "open":
+            reasons.append("breaker: open (the upstream is failing; requests are shed)")
         return reasons
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -24,6 +24,7 @@ from ballast_asgi.admin import Route, _allow, _authorized
 from ballast_asgi.canary.blocks import LatencyBaseline, Version
 from ballast_asgi.canary.history import StableHistory
 from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
+from ballast_asgi.canary.log import announce
 from ballast_asgi.canary.pool import canary_selector, canary_urls
 from ballast_asgi.canary.rollout import RampPlan, Rollout, State
 from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
@@ -104,7 +105,10 @@ class CanaryRuntime:
     def snapshot(self) -> dict[str, Any]:
         """``GET /_ballast/canary``: state, weight, counts, statistic, decision."""
         now = self.clock()
+        running = self.rollout.state is State.RUNNING
         self.rollout.tick(now)
+        if running and self.rollout.state is not State.RUNNING:
+            announce(self.rollout)
         doc = self.rollout.snapshot(now)
         shown = [u.display for u in self.selector.canary.upstreams()]
         doc["upstream"] = shown[0] if shown else None
@@ -188,6 +192,7 @@ class CanaryAdmin:
             await send_json(send, 409, {"error": "already_decided", **self._doc()})
             return
         _ = rollout.promote(now) if action == "promote" else rollout.rollback(now)
+        announce(rollout)
         await send_json(send, 200, self._doc())
 
 

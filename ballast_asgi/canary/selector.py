@@ -22,6 +22,7 @@ from typing import Any
 
 from ballast_asgi.canary.blocks import Version
 from ballast_asgi.canary.history import StableHistory
+from ballast_asgi.canary.log import announce
 from ballast_asgi.canary.rollout import Rollout, State
 from ballast_asgi.canary.split import Split
 from ballast_asgi.core.outcome import AttemptOutcome
@@ -124,6 +125,8 @@ class CanarySelector:
         if self.rollout.state is not State.RUNNING:
             return
         self.rollout.record(version, failed, latency, now)
+        if self.rollout.state is not State.RUNNING:
+            announce(self.rollout)  # the run just ended (docs/operations.md)
         if self._on_record is not None:
             self._on_record(version, failed, latency)
 

@@ -28,6 +28,7 @@ from typing import Any
 from ballast_asgi.discovery._loop import until_stopped, wait_any
 from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
 from ballast_asgi.discovery.model import ConfigVersion, DiscoveryError, Keys
+from ballast_asgi.events import emit
 
 ApplyFn = Callable[[ConfigVersion], None]
 _HISTORY = 64
@@ -64,6 +65,7 @@ class Follower:
             try:
                 await until_stopped(self._follow(), stop)
             except EtcdUnavailable as exc:
+                self._lost(exc)
                 self.connected = False
                 self.errors += 1
                 self.last_error = str(exc)
@@ -74,6 +76,9 @@ class Follower:
 
     async def _follow(self) -> None:
         kv, revision = await self.etcd.get(self.keys.current)
+        if self.errors and not self.connected:
+            emit("discovery.etcd_back", "info", service=self.keys.service,
+                 endpoint=self.etcd.endpoint, errors=self.errors)  # fmt: skip
         self.connected = True
         if kv is not None:
             self.offer(kv.value)
@@ -109,12 +114,23 @@ class Follower:
             }
         )
         self.changed.set()
+        emit("discovery.version_applied", "info", service=self.keys.service,
+             config_version=version.number, instances=len(version.instances))  # fmt: skip
         return True
 
     def _reject(self, why: str) -> bool:
         self.rejected += 1
         self.last_error = why
+        emit("discovery.version_rejected", "warning", service=self.keys.service, reason=why)
         return False
+
+    def _lost(self, exc: Exception) -> None:
+        """Log etcd unreachable (never reached yet) or lost (was connected): changes only."""
+        if self.connected or not self.errors:
+            event = "discovery.etcd_lost" if self.connected else "discovery.etcd_unreachable"
+            kept = self.current.number if self.current else None
+            emit(event, "warning", service=self.keys.service, endpoint=self.etcd.endpoint,
+                 error=str(exc), kept_version=kept)  # fmt: skip
 
     def snapshot(self) -> dict[str, Any]:
         """The applied version and the connection state, JSON-safe."""

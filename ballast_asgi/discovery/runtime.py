@@ -149,6 +149,17 @@ class DiscoveryRuntime:
         current = self.follower.current
         return current.number if current else None
 
+    def degraded(self) -> list[str]:
+        """Reasons for health ``degraded``: etcd not reachable, or no version applied yet."""
+        f = self.follower
+        out = []
+        if not f.connected and f.errors:
+            out.append(f"discovery: etcd {f.etcd.endpoint} unreachable ({f.last_error}); "
+                       "serving the last applied version")  # fmt: skip
+        if not self.serving:
+            out.append("discovery: no config version applied yet")
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """``/snapshot``'s ``discovery`` section."""
         doc = self.follower.snapshot()

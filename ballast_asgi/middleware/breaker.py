@@ -48,6 +48,7 @@ from ballast_asgi.core.outcome import (
 )
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
+from ballast_asgi.events import emit
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import ShedResponder
@@ -165,5 +166,6 @@ def _bind_metrics(metrics: Metrics, breakers: BreakerSet, clock: Clock) -> None:
 
     def count(old: BreakerState, new: BreakerState, at: float) -> None:
         metrics.breaker_transitions.labels(new.value).inc()
+        emit(f"breaker.{new.value}", "warning" if new is BreakerState.OPEN else "info", previous=old.value)  # fmt: skip  # noqa: E501
 
     breakers.set_on_transition(count)

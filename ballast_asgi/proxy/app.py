@@ -53,6 +53,7 @@ import httpx
 from ballast_asgi.config import ProxyConfig
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
+from ballast_asgi.events import emit
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
@@ -405,6 +406,8 @@ class ProxyApp:
             ctx.record(outcome, rtt_s)
             ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
         self.selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
+        if outcome is AttemptOutcome.CONNECT_ERROR:  # rate-limited per upstream (events.py)
+            emit("upstream.connect_error", "warning", key=upstream.display, upstream=upstream.display)  # fmt: skip  # noqa: E501
 
     async def _refuse(
         self, send: Send, ctx: RequestContext | None, status: int, payload: dict[str, object]

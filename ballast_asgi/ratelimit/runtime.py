@@ -32,6 +32,11 @@ class RateLimitRuntime:
         self.resolver = make_resolver(config, consumer_header)
         self._retired: set[asyncio.Task[None]] = set()
 
+    def degraded(self) -> list[str]:
+        """Reasons for health ``degraded`` (Redis lost by a shared mode), else empty."""
+        check = getattr(self.limiter, "lost_reasons", None)
+        return list(check()) if check is not None else []
+
     def reconfigure(self, config: RateLimitConfig, consumer_header: str) -> None:
         """Apply a new section; a new driver only when a driver setting changed."""
         old, self.config = self.config, config

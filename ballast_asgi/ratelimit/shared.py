@@ -36,7 +36,9 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import Clock
+from ballast_asgi.events import emit
 from ballast_asgi.ratelimit.client import RedisClient, RedisPoolFull, RedisUnavailable
 from ballast_asgi.ratelimit.core.accounting import ChargeBook
 from ballast_asgi.ratelimit.core.breaker import Breaker, RedisBreaker
@@ -86,6 +88,10 @@ class SharedBase:
         #: Redis's last finished call ended in an error (refused, reset): until one succeeds,
         #: no request waits for Redis.
         self.failing = False
+        #: Whether Redis answered the last call that said anything (None: no answer yet);
+        #: its changes are the ``ratelimit.redis_*`` events (docs/operations.md).
+        self.reachable: bool | None = None
+        self._lost_at = 0.0
         self._last_beat = -math.inf
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
@@ -192,10 +198,35 @@ class SharedBase:
             self.breaker.record(ok, self.clock())
         if ok:
             self.failing = False
+            self._reachability(True, None)
         elif isinstance(exc, RedisUnavailable) and not isinstance(exc, RedisPoolFull):
             self.failing = True
+            self._reachability(False, exc)
         if ok and len(self.charges) and not self._flushing and not self._closed:
             self.spawn(self.flush_charges())
+
+    def _reachability(self, ok: bool, exc: BaseException | None) -> None:
+        """Log Redis unreachable at start-up, lost, and back (state changes only)."""
+        if ok == self.reachable:
+            return
+        was, self.reachable = self.reachable, ok
+        url, now = redact_userinfo(self.client.url), self.clock()
+        if ok:
+            if was is False:
+                emit("ratelimit.redis_back", "info", mode=self.mode, redis=url,
+                     down_s=round(now - self._lost_at, 3))  # fmt: skip
+            return
+        self._lost_at = now
+        event = "ratelimit.redis_unreachable" if was is None else "ratelimit.redis_lost"
+        emit(event, "error" if was is None else "warning", mode=self.mode, redis=url,
+             error=str(exc), fallback=f"local share 1/{self.live}")  # fmt: skip
+
+    def lost_reasons(self) -> list[str]:
+        """Why the limit is not shared now (health ``degraded``): Redis not answering."""
+        if self.reachable is False:
+            url = redact_userinfo(self.client.url)
+            return [f"rate_limit: Redis {url} unreachable; deciding on the local share"]
+        return []
 
     def _adopt(
         self,

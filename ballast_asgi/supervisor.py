@@ -1,6 +1,26 @@
-"""Run ``ballast --workers N``: fork the workers, serve the aggregated admin port.
+"""Run ``ballast --workers N``: fork the workers, restart the dead ones, serve the admin port.
 
 See ``ballast_asgi.workers`` for what is divided and what is merged.
+
+**Supervision.** The parent keeps the traffic socket open and watches its
+children (``SIGCHLD``, reaped with ``waitpid(WNOHANG)``). A worker that exits
+while the parent is not stopping is logged (``worker.died``: index, PID, exit
+code or signal) and forked again on the same shared socket after a back-off
+(``RESTART_BASE_S`` doubling per restart in the last ``CRASH_WINDOW_S``, at
+most ``RESTART_MAX_S``), then logged again (``worker.restarted``). More than
+``CRASH_LIMIT`` restarts of one slot within ``CRASH_WINDOW_S`` is a crash
+loop: the slot is given up (``worker.crash_loop``, error) and the others serve
+on; when every slot is given up the supervisor exits with status 1. Caps are
+not re-divided while a worker is missing: each keeps its ``1/N`` share (a
+restart takes well under a second), so the gateway-wide caps are never
+exceeded.
+
+**The admin port keeps answering** what the live workers report:
+``/metrics`` merges theirs (200) and adds ``ballast_worker_up{worker}`` and
+``ballast_worker_restarts_total{worker}``; ``/snapshot`` lists the live
+workers and, under ``missing``, each absent one and why; ``/health`` is the
+worst of the live workers', ``degraded`` (200) with a reason per missing
+worker, 503 only when none answers.
 """
 
 from __future__ import annotations
@@ -14,8 +34,10 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -23,21 +45,61 @@ import uvicorn
 
 from ballast_asgi.admin import empty_lifespan
 from ballast_asgi.core.types import Receive, Scope, Send
+from ballast_asgi.events import emit
 from ballast_asgi.middleware.responses import send_json
 from ballast_asgi.serve import QuietServer
 from ballast_asgi.workers import merge_metrics
 
-__all__ = ["Aggregator", "run_workers"]
+__all__ = ["Aggregator", "Supervisor", "run_workers"]
 
 #: Runs one worker's servers on (traffic socket, admin Unix socket) until it is told to stop.
 WorkerFn = Callable[[int, socket.socket, socket.socket], None]
+RESTART_BASE_S = 0.1
+RESTART_MAX_S = 5.0
+CRASH_LIMIT = 5
+CRASH_WINDOW_S = 60.0
+#: How long the admin port waits for a worker's answer (one still starting: less).
+ASK_S = 5.0
+STARTING_ASK_S = 0.5
+
+
+@dataclass
+class Slot:
+    """One worker position: its current process, and its restart record."""
+
+    index: int
+    path: str
+    pid: int | None = None
+    state: str = "starting"  # starting (until it answers), running, restarting, given_up, exited
+    restarts: list[float] = field(default_factory=list)
+    last_exit: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The snapshot's entry for a missing worker."""
+        return {"index": self.index, "pid": self.pid, "state": self.state,
+                "last_exit": self.last_exit, "restarts": len(self.restarts)}  # fmt: skip
+
+
+def backoff_s(recent_restarts: int) -> float:
+    """Delay before the next restart of a slot that restarted ``recent_restarts`` times."""
+    return min(RESTART_MAX_S, RESTART_BASE_S * 2.0 ** max(0, recent_restarts))
+
+
+def exit_text(status: int) -> str:
+    """``exit 1`` or ``signal SIGKILL`` from a ``waitpid`` status."""
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+        return f"signal {-code}"
+    return f"exit {code}"
 
 
 class Aggregator:
     """The admin-port app of the parent: metrics, snapshot and health over every worker."""
 
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
+    def __init__(self, slots: list[Slot]) -> None:
+        self.slots = slots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -48,27 +110,74 @@ class Aggregator:
             await send_json(send, 404, {"error": "not_found"})
             return
         auth = [(k, v) for k, v in scope["headers"] if k == b"authorization"]
-        answers = await asyncio.gather(*(self._ask(p, path, auth) for p in self.paths))
-        refused = next((a for a in answers if a[0] != 200), None)
-        if path == "/metrics" and refused is None:
-            await _send_text(send, merge_metrics(a[1] for a in answers))
-        elif path == "/snapshot" and refused is None:
-            await send_json(send, 200, {"workers": [json.loads(a[1]) for a in answers]})
-        elif path == "/health":
-            bad = refused or answers[0]
-            await send_json(send, bad[0], json.loads(bad[1]) if bad[1] else {"status": "down"})
+        answers = await asyncio.gather(*(self._ask(s, path, auth) for s in self.slots))
+        denied = next((a for a in answers if a[0] in (401, 403)), None)
+        if denied is not None and path != "/health":  # the admin token is checked by workers
+            await send_json(send, denied[0], json.loads(denied[1] or "{}"))
+            return
+        live = [(s, a) for s, a in zip(self.slots, answers, strict=True) if a[0] == 200]
+        missing = [s for s, a in zip(self.slots, answers, strict=True) if a[0] != 200]
+        if path == "/metrics":
+            await _send_text(send, merge_metrics(a[1] for _, a in live) + self._own_metrics(live))
+        elif path == "/snapshot":
+            doc: dict[str, object] = {"workers": [json.loads(a[1]) for _, a in live],
+                                      "missing": [s.describe() for s in missing]}  # fmt: skip
+            await send_json(send, 200, doc)
         else:
-            assert refused is not None
-            await send_json(send, refused[0], {"error": "worker_refused"})
+            await self._health(send, answers, missing)
 
-    async def _ask(self, uds: str, path: str, auth: list[tuple[bytes, bytes]]) -> tuple[int, str]:
-        transport = httpx.AsyncHTTPTransport(uds=uds)
+    async def _health(
+        self, send: Send, answers: list[tuple[int, str]], missing: list[Slot]
+    ) -> None:
+        docs = [_json(text) for _, text in answers]
+        draining = next((d for d in docs if d.get("status") == "draining"), None)
+        if draining is not None:  # a graceful shutdown began: load balancers must see it
+            await send_json(send, 503, draining)
+            return
+        if len(missing) == len(answers):
+            gone = [s.describe() for s in missing]
+            await send_json(send, 503, {"status": "down", "missing": gone})
+            return
+        reasons = [r for d in docs for r in d.get("reasons", [])]
+        reasons += [f"workers: worker {s.index} missing ({s.state}, last {s.last_exit})"
+                    for s in missing]  # fmt: skip
+        body: dict[str, Any] = {"status": "degraded", "reasons": sorted(set(reasons))}
+        await send_json(send, 200, body if reasons else {"status": "ok"})
+
+    def _own_metrics(self, live: list[tuple[Slot, tuple[int, str]]]) -> str:
+        up = {s.index for s, _ in live}
+        lines = ["# HELP ballast_worker_up 1 when the worker answered the admin port.",
+                 "# TYPE ballast_worker_up gauge"]  # fmt: skip
+        lines += [f'ballast_worker_up{{worker="{s.index}"}} {int(s.index in up)}'
+                  for s in self.slots]  # fmt: skip
+        lines += ["# HELP ballast_worker_restarts_total Restarts of the worker by the supervisor.",
+                  "# TYPE ballast_worker_restarts_total counter"]  # fmt: skip
+        lines += [f'ballast_worker_restarts_total{{worker="{s.index}"}} {len(s.restarts)}'
+                  for s in self.slots]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    async def _ask(self, slot: Slot, path: str, auth: list[tuple[bytes, bytes]]) -> tuple[int, str]:
+        if slot.state not in ("running", "starting"):
+            return 503, ""
+        transport = httpx.AsyncHTTPTransport(uds=slot.path)
+        # A worker still starting gets a short wait: the others' answers must not hang on it.
+        timeout = STARTING_ASK_S if slot.state == "starting" else ASK_S
         try:
-            async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+            async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
                 r = await client.get(f"http://worker{path}", headers=auth)
-                return r.status_code, r.text
         except httpx.TransportError:
             return 503, ""
+        if slot.state == "starting" and r.status_code < 500:
+            slot.state = "running"
+        return r.status_code, r.text
+
+
+def _json(text: str) -> dict[str, Any]:
+    with contextlib.suppress(ValueError):
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            return doc
+    return {}
 
 
 async def _send_text(send: Send, text: str) -> None:
@@ -99,27 +208,116 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _fork(workers: int, traffic: socket.socket, run: WorkerFn, paths: list[str]) -> list[int]:
-    pids, parent = [], os.getpid()
-    for index in range(workers):
+def _forget_parent_loop() -> None:
+    """In a worker forked from the running supervisor loop: drop its loop and signals."""
+    asyncio.events._set_running_loop(None)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+class Supervisor:
+    """Forks, watches and restarts the workers of one ``ballast --workers N``."""
+
+    def __init__(self, workers: int, traffic: socket.socket, run: WorkerFn, tmp: str) -> None:
+        self.traffic = traffic
+        self.run = run
+        self.parent = os.getpid()
+        self.slots = [Slot(i, os.path.join(tmp, f"worker-{i}.sock")) for i in range(workers)]
+        self.stopping = False
+        self.codes: dict[int, int] = {}
+        #: Sockets a worker must not hold (the admin port is the parent's).
+        self.close_in_child: list[socket.socket] = []
+        #: Called once every slot has exited or been given up.
+        self.on_all_done: Callable[[], None] = lambda: None
+
+    def fork(self, slot: Slot) -> None:
+        """Start ``slot``'s worker (a fresh admin socket, the shared traffic socket)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(slot.path)
         admin = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        admin.bind(paths[index])
+        admin.bind(slot.path)
         admin.listen(64)
         pid = os.fork()
         if pid == 0:  # the worker, in its own process group: signals come from the parent only
-            os.setpgid(0, 0)
-            _die_with_parent(parent)
             code = 0
             try:
-                run(index, traffic, admin)
+                os.setpgid(0, 0)
+                _die_with_parent(self.parent)
+                _forget_parent_loop()
+                for sock in self.close_in_child:
+                    sock.close()
+                self.run(slot.index, self.traffic, admin)
             except BaseException:  # a worker must never return into the parent's code
                 traceback.print_exc()
                 code = 1
             finally:
                 os._exit(code)
         admin.close()
-        pids.append(pid)
-    return pids
+        slot.pid, slot.state = pid, "starting"
+
+    def reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Collect every exited child; restart or give up on its slot."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            slot = next((s for s in self.slots if s.pid == pid), None)
+            if slot is not None:
+                self._exited(slot, status, loop)
+        if all(s.state in ("exited", "given_up") for s in self.slots):
+            self.on_all_done()
+
+    def _exited(self, slot: Slot, status: int, loop: asyncio.AbstractEventLoop) -> None:
+        slot.last_exit = exit_text(status)
+        self.codes[slot.index] = os.waitstatus_to_exitcode(status)
+        if self.stopping:
+            slot.state = "exited"
+            return
+        now = time.monotonic()
+        slot.restarts = [t for t in slot.restarts if now - t < CRASH_WINDOW_S]
+        if len(slot.restarts) >= CRASH_LIMIT:
+            slot.state = "given_up"
+            emit("worker.crash_loop", "error", key=str(slot.index), worker=slot.index,
+                 pid=slot.pid, exit=slot.last_exit, restarts=len(slot.restarts),
+                 window_s=CRASH_WINDOW_S)  # fmt: skip
+            return
+        delay = backoff_s(len(slot.restarts))
+        slot.state = "restarting"
+        emit("worker.died", "error", key=str(slot.index), worker=slot.index, pid=slot.pid,
+             exit=slot.last_exit, restart_in_s=delay)  # fmt: skip
+        slot.restarts.append(now)
+        loop.call_later(delay, self._restart, slot)
+
+    def _restart(self, slot: Slot) -> None:
+        if self.stopping or slot.state != "restarting":
+            return
+        old = slot.pid
+        self.fork(slot)
+        emit("worker.restarted", "info", key=str(slot.index), worker=slot.index, pid=slot.pid,
+             previous_pid=old, restarts=len(slot.restarts))  # fmt: skip
+
+    def forward(self, sig: int) -> None:
+        """Pass a signal to every live worker; SIGTERM/SIGINT also stop the restarts."""
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            self.stopping = True
+            for slot in self.slots:
+                if slot.state == "restarting":
+                    slot.state = "exited"
+        for slot in self.slots:
+            if slot.pid is not None and slot.state in ("running", "starting"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, sig)
+
+    def exit_code(self) -> int:
+        """1 when a slot was given up, else the worst worker exit code."""
+        if any(s.state == "given_up" for s in self.slots):
+            return 1
+        return max(self.codes.values(), default=0)
 
 
 def run_workers(
@@ -129,46 +327,43 @@ def run_workers(
     run: WorkerFn,
     settings: dict[str, Any],
 ) -> int:
-    """Fork ``workers`` processes serving ``traffic``; serve ``admin`` until they all exit."""
+    """Fork ``workers`` processes serving ``traffic``; supervise them and serve ``admin``."""
     tmp = tempfile.mkdtemp(prefix="ballast-workers-")
-    paths = [os.path.join(tmp, f"worker-{i}.sock") for i in range(workers)]
+    sup = Supervisor(workers, traffic, run, tmp)
+    if admin is not None:
+        sup.close_in_child.append(admin)
     try:
-        pids = _fork(workers, traffic, run, paths)
-        traffic.close()
-        print(f"ballast: {workers} workers, PIDs {', '.join(map(str, pids))}", file=sys.stderr,
-              flush=True)  # fmt: skip
-        codes = asyncio.run(_parent(Aggregator(paths), admin, pids, settings))
+        for slot in sup.slots:
+            sup.fork(slot)
+        pids = ", ".join(str(s.pid) for s in sup.slots)
+        print(f"ballast: {workers} workers, PIDs {pids}", file=sys.stderr, flush=True)
+        asyncio.run(_parent(sup, admin, settings))
     finally:
-        for path in paths:
-            if os.path.exists(path):
-                os.unlink(path)
+        traffic.close()
+        for slot in sup.slots:
+            if os.path.exists(slot.path):
+                os.unlink(slot.path)
         os.rmdir(tmp)
-    return max(codes, default=0)
+    return sup.exit_code()
 
 
-async def _parent(
-    app: Aggregator, admin: socket.socket | None, pids: list[int], settings: dict[str, Any]
-) -> list[int]:
-    """Forward signals to the workers; serve the aggregated admin port until they exit."""
+async def _parent(sup: Supervisor, admin: socket.socket | None, settings: dict[str, Any]) -> None:
+    """Forward signals, restart dead workers, serve the aggregated admin port until all exit."""
     loop = asyncio.get_running_loop()
-
-    def forward(sig: int) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
+    finished = asyncio.Event()
+    sup.on_all_done = finished.set
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, forward, sig)
+        loop.add_signal_handler(sig, sup.forward, sig)
+    loop.add_signal_handler(signal.SIGCHLD, sup.reap, loop)
+    sup.reap(loop)  # a worker that died before the handler was installed
+    app = Aggregator(sup.slots)
     server = QuietServer(uvicorn.Config(app, lifespan="on", **settings)) if admin else None
-
-    async def reap() -> list[int]:
-        codes = [os.waitstatus_to_exitcode((await loop.run_in_executor(None, os.waitpid, p, 0))[1])
-                 for p in pids]  # fmt: skip
-        if server is not None:
-            server.should_exit = True
-        return codes
-
-    reaper = asyncio.ensure_future(reap())
-    if server is not None and admin is not None:
-        await server.serve(sockets=[admin])
-    return await reaper
+    serving = (
+        asyncio.ensure_future(server.serve(sockets=[admin]))
+        if server is not None and admin is not None
+        else None
+    )
+    await finished.wait()
+    if server is not None and serving is not None:
+        server.should_exit = True
+        await serving

@@ -124,3 +124,100 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
             proc.kill()
         proc.communicate(timeout=30)
         stop_thread(server, thread)
+
+
+def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Path) -> None:
+    """``kill -9`` of a worker: logged, restarted within 5 s; admin /metrics 200 all along."""
+    rec, up_port = Recorder(), free_port()
+    server, thread = serve_in_thread(rec, up_port)
+    port, admin = free_port(), free_port()
+    config = tmp_path / "gw.yaml"
+    config.write_text(f"upstream: http://127.0.0.1:{up_port}\nserver: {{drain_grace_ms: 0}}\n")
+    log = tmp_path / "stderr.log"
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+            str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
+    with log.open("wb") as err:
+        proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)
+    statuses: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        snap = httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()
+        before = {w["worker"]["index"]: w["worker"]["pid"] for w in snap["workers"]}
+        os.kill(before[1], signal.SIGKILL)
+        killed = time.monotonic()
+        restarted_s = None
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() - killed < 8.0:
+                statuses.append(client.get(f"http://127.0.0.1:{admin}/metrics").status_code)
+                snap = client.get(f"http://127.0.0.1:{admin}/snapshot").json()
+                now = {w["worker"]["index"]: w["worker"]["pid"] for w in snap["workers"]}
+                if restarted_s is None and now.get(1) not in (None, before[1]):
+                    restarted_s = time.monotonic() - killed
+                    text = client.get(f"http://127.0.0.1:{admin}/metrics").text
+                    health = client.get(f"http://127.0.0.1:{admin}/health").json()
+                    break
+                time.sleep(0.05)  # polling an outside process, bounded
+        assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        stop_thread(server, thread)
+    lines = log.read_text()
+    print(f"\nworker restarted {restarted_s} s after kill -9; /metrics statuses {set(statuses)}")
+    assert restarted_s is not None and restarted_s < 5.0, lines
+    assert set(statuses) == {200}, statuses
+    assert metric(text, "ballast_worker_up", worker="1") == 1
+    assert metric(text, "ballast_worker_restarts_total", worker="1") == 1
+    assert health == {"status": "ok"}
+    assert "worker.died" in lines and 'exit="signal SIGKILL"' in lines, lines
+    assert "worker.restarted" in lines and code == 0, lines
+
+
+def test_missing_worker_is_reported_not_refused() -> None:
+    """A worker that does not answer: /metrics and /snapshot 200 from the others, say which."""
+    from ballast_asgi.supervisor import Aggregator, Slot
+
+    gone = Slot(1, "/nonexistent/b.sock", pid=12, state="restarting", last_exit="signal SIGKILL")
+    slots = [Slot(0, "/nonexistent/a.sock", pid=11, state="running"), gone]
+    app = Aggregator(slots)
+
+    async def go() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://a") as client:
+            return (await client.get("/metrics"), await client.get("/snapshot"),
+                    await client.get("/health"))  # fmt: skip
+
+    import asyncio
+
+    metrics_r, snap_r, health_r = asyncio.run(go())
+    assert metrics_r.status_code == 200 and snap_r.status_code == 200
+    assert metric(metrics_r.text, "ballast_worker_up", worker="1") == 0
+    assert snap_r.json()["missing"][1] == gone.describe()
+    assert gone.describe()["state"] == "restarting"
+    assert health_r.status_code == 503 and health_r.json()["status"] == "down"
+
+
+def test_a_worker_that_keeps_crashing_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real forks: a worker exiting at once is restarted with back-off, then given up."""
+    import asyncio
+    import socket
+    import tempfile
+
+    from ballast_asgi import supervisor as sup_mod
+
+    monkeypatch.setattr(sup_mod, "RESTART_BASE_S", 0.001)
+    monkeypatch.setattr(sup_mod, "CRASH_LIMIT", 3)
+    seen: list[str] = []
+    monkeypatch.setattr(sup_mod, "emit", lambda event, *a, **kw: seen.append(event))
+    tmp = tempfile.mkdtemp()
+    with socket.socket() as traffic:
+        sup = sup_mod.Supervisor(1, traffic, lambda i, t, a: os._exit(3), tmp)
+        sup.fork(sup.slots[0])
+        asyncio.run(asyncio.wait_for(sup_mod._parent(sup, None, {}), 30))
+    os.unlink(sup.slots[0].path)
+    os.rmdir(tmp)
+    assert seen == ["worker.died", "worker.restarted"] * 3 + ["worker.crash_loop"], seen
+    assert sup.slots[0].state == "given_up" and sup.exit_code() == 1

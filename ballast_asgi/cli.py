@@ -15,7 +15,10 @@ uvicorn's proxy-headers rewrite off, no date/server headers of its own (the
 upstream's pass through), a request-head timeout and size cap, a keep-alive
 timeout and a connection cap.
 
-``ballast check-config FILE`` validates a config file and exits non-zero on error.
+``ballast check-config FILE [--connect]`` validates a config file exactly as
+start-up would (``ballast_asgi.check``) and exits non-zero on error;
+``ballast register`` / ``ballast controller`` are discovery's commands
+(docs/discovery.md); ``ballast --version`` prints the version.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from typing import Any
 
 import uvicorn
 
+from ballast_asgi import __version__
+from ballast_asgi.check import check
+from ballast_asgi.check import connect as connect_all
 from ballast_asgi.config import LIMITER_NAMES, load_config
-from ballast_asgi.config.load import check_file
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.events import FORMATS
@@ -46,16 +51,25 @@ from ballast_asgi.workers import scale_config
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ballast",
-        description="Overload-control gateway. `ballast check-config FILE` validates a config.",
+        description="Overload-control gateway: serves --port, proxies to --upstream.",
+        epilog="commands:\n"
+        "  ballast check-config FILE [--connect]   validate a config as start-up would "
+        "(--connect: try upstreams, Redis, etcd)\n"
+        "  ballast register --etcd URL --service NAME --url URL [--ttl S]   register an "
+        "instance in etcd (docs/discovery.md)\n"
+        "  ballast controller --etcd URL --service NAME   run the discovery controller alone\n"
+        "  ballast COMMAND --help                   that command's options",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"ballast {__version__}")
     p.add_argument("--upstream", help="upstream base URL (overrides BALLAST_UPSTREAM)")
     p.add_argument("--limiter", choices=LIMITER_NAMES, help="limit algorithm (default gradient)")
     p.add_argument("--fixed-limit", type=int, help="limit of the fixed limiter")
     p.add_argument("--config", help="YAML config file (overrides BALLAST_CONFIG)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="traffic port (default 8080)")
+    p.add_argument("--port", type=_port, default=8080, help="traffic port (default 8080)")
     p.add_argument(
-        "--admin-port", type=int, default=8081, help="admin port, 0 to disable (default 8081)"
+        "--admin-port", type=_port, default=8081, help="admin port, 0 to disable (default 8081)"
     )
     p.add_argument("--ssl-certfile", help="PEM certificate: serve https (server.ssl_certfile)")
     p.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile (server.ssl_keyfile)")
@@ -80,7 +94,23 @@ def _check_parser() -> argparse.ArgumentParser:
         "Exit code 0 when valid, 2 otherwise (the error names the key and the allowed values).",
     )
     p.add_argument("file", help="the YAML config file")
+    p.add_argument(
+        "--connect", action="store_true",
+        help="also try every upstream (TCP/TLS), Redis (PING) and etcd the config names",
+    )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=2.0, help="per dependency (default 2 s)")
     return p
+
+
+def _port(text: str) -> int:
+    """A TCP port for argparse: an integer in 0..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in 0..65535, got {text!r}") from None
+    if not 0 <= port <= 65_535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
+    return port
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,15 +128,20 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def check_config(path: str) -> int:
-    """Validate ``path`` as the gateway would load it; print the result; 0 or 2."""
+def check_config(path: str, connect: bool = False, timeout_s: float = 2.0) -> int:
+    """Validate ``path`` as start-up would; with ``connect``, try its dependencies; 0 or 2."""
     try:
-        check_file(path)
+        config = check(path)
     except ConfigError as exc:
         print(f"invalid: {redact_userinfo(str(exc))}", file=sys.stderr)
         return 2
     print(f"ok: {path}")
-    return 0
+    if not connect:
+        return 0
+    results = asyncio.run(connect_all(config, timeout_s))
+    for ok, line in results:
+        print(line, file=sys.stdout if ok else sys.stderr)
+    return 0 if all(ok for ok, _ in results) else 2
 
 
 def bind(host: str, port: int, what: str) -> socket.socket:
@@ -256,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ballast`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check-config"]:
-        return check_config(_check_parser().parse_args(argv[1:]).file)
+        checked = _check_parser().parse_args(argv[1:])
+        return check_config(checked.file, checked.connect, checked.timeout)
     if argv[:1] in (["register"], ["controller"]):  # discovery (docs/discovery.md)
         from ballast_asgi.discovery.cli import main as discovery_main
 

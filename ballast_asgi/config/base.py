@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from ballast_asgi.core.redact import redact_userinfo
+
 
 class Frozen(BaseModel):
     """A config section: immutable, unknown keys are errors."""
@@ -36,8 +38,27 @@ def check_cidrs(v: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def check_url(v: str) -> str:
-    """An http(s) base URL with a host, without its trailing slash."""
+    """An http(s) base URL with a host, without its trailing slash.
+
+    Checked by the same parser the proxy uses at start-up (``Upstream.parse``:
+    the port a number in 1..65535, no query or fragment, a usable host), so a
+    config that validates also starts (``ballast check-config``).
+    """
+    from ballast_asgi.proxy.upstream import Upstream, UpstreamURLError
+
     parts = urlsplit(v)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raw = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+        shown = redact_userinfo(v)
+        raise ValueError(f"the port must be a number in 1..65535, got {raw!r} in {shown}")
+    try:
+        Upstream.parse(v)
+    except UpstreamURLError as exc:
+        raise ValueError(str(exc).removeprefix("upstream: ").removeprefix("upstream ")) from None
     return v.rstrip("/")

@@ -5,6 +5,7 @@ Every error becomes one ``ConfigError`` line naming the key path and the allowed
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -60,15 +61,50 @@ def format_validation_error(err: ValidationError, source: str = "config") -> str
         loc = ".".join(str(x) for x in e["loc"] if x not in _UNION_TAGS) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(e["loc"])
         elif e["type"] == "missing":
             msg = "required key is missing"
         value = e.get("input")
         quiet = e["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
-        got = "" if quiet or "got " in msg else f" (got {redact_userinfo(repr(value))})"
+        said = "got " in msg or (isinstance(value, str) and value and value in msg)
+        got = "" if quiet or said else f" (got {redact_userinfo(repr(value))})"
         allowed = _allowed_range(e["loc"])
-        parts.append(f"{loc}: {msg}{allowed}{got}")
+        named = msg.startswith(f"{loc}.") or msg.startswith(f"{loc}/")  # the message names a key
+        parts.append(f"{msg}{allowed}{got}" if named else f"{loc}: {msg}{allowed}{got}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for an unknown key close to a known one, else ``""``."""
+    model: Any = GatewayConfig
+    for key in [k for k in loc[:-1] if k not in _UNION_TAGS]:
+        if not isinstance(key, str):
+            continue  # a list index: the item's model is the list's
+        fields = getattr(model, "model_fields", None)
+        if fields is None or key not in fields:
+            return ""
+        model = _model_in(fields[key].annotation)
+    fields = getattr(model, "model_fields", None)
+    if fields is None or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(fields), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside ``annotation`` (``X | None``, ``tuple[X, ...]``), or None."""
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    for meta in getattr(annotation, "__metadata__", ()):
+        found = _model_in(meta)
+        if found is not None:
+            return found
+    origin = getattr(annotation, "__origin__", None)
+    return _model_in(origin) if origin is not None and origin is not annotation else None
 
 
 def _allowed_range(loc: tuple[int | str, ...]) -> str:
@@ -110,7 +146,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(f"BALLAST_CONFIG: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
     try:
         data = yaml.load(text, Loader=_named_loader(str(path)))
     except yaml.MarkedYAMLError as exc:
@@ -208,11 +244,6 @@ def build_config(
     merged: dict[str, Any] = _deep_copy(data)
     for path, value in (overrides or {}).items():
         _set_path(merged, path, value)
-    if require_upstream and not merged.get("upstream") and not merged.get("discovery"):
-        raise ConfigError(
-            "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
-            "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"
-        )
     if reference_layout(merged):
         log.info(
             "%s: max_concurrent_requests without limiter.algorithm: the fixed limiter "
@@ -220,9 +251,15 @@ def build_config(
             source,
         )
     try:
-        return GatewayConfig.model_validate(merged)
-    except ValidationError as exc:
+        config = GatewayConfig.model_validate(merged)
+    except ValidationError as exc:  # reported first: a typo in 'upstream' says "did you mean"
         raise ConfigError(format_validation_error(exc, source)) from None
+    if require_upstream and not merged.get("upstream") and not merged.get("discovery"):
+        raise ConfigError(
+            "BALLAST_UPSTREAM: not set; give the upstream URL (e.g. http://127.0.0.1:9101) "
+            "in BALLAST_UPSTREAM, --upstream, or the config file's 'upstream' key"
+        )
+    return config
 
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 from pydantic import Field, model_validator
 
 from ballast_asgi.config.base import Frozen, readable
@@ -50,7 +52,50 @@ class ServerConfig(Frozen):
             raise ValueError("server.ssl_keyfile needs server.ssl_certfile")
         for key in ("ssl_certfile", "ssl_keyfile"):
             readable(getattr(self, key), f"server.{key}")
+        if self.ssl_certfile:
+            check_tls_pair(self.ssl_certfile, self.ssl_keyfile)
         return self
+
+
+def check_tls_pair(certfile: str, keyfile: str | None) -> None:
+    """Load the certificate and key as the server will at start-up; a ValueError naming the
+    key when they do not load (not PEM, no private key, key and certificate do not match)."""
+    try:
+        with open(certfile, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"server.ssl_certfile: cannot read {certfile!r}: {exc.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in text:
+        raise ValueError(f"server.ssl_certfile: {certfile!r} holds no PEM certificate")
+    if keyfile is None and b"PRIVATE KEY-----" not in text:
+        raise ValueError(
+            f"server.ssl_certfile: {certfile!r} holds no private key; set server.ssl_keyfile "
+            "(--ssl-keyfile) to the key's file"
+        )
+    decode = getattr(ssl._ssl, "_test_decode_cert", None)  # type: ignore[attr-defined]
+    if decode is not None:
+        try:
+            decode(certfile)
+        except (ssl.SSLError, ValueError):
+            raise ValueError(
+                f"server.ssl_certfile: {certfile!r} is not a valid PEM certificate"
+            ) from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile, password=_no_password)
+    except (ssl.SSLError, ValueError) as exc:
+        key = "server.ssl_keyfile" if keyfile else "server.ssl_certfile"
+        why = getattr(exc, "reason", None) or str(exc).split(" (_ssl")[0]
+        raise ValueError(
+            f"{key}: cannot load the key for {certfile!r} ({why}): it must be an unencrypted "
+            "PEM private key matching the certificate"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"server.ssl_keyfile: cannot read {keyfile!r}: {exc.strerror}") from None
+
+
+def _no_password() -> bytes:
+    raise ValueError("encrypted private keys are not supported (no passphrase setting)")
 
 
 class WebSocketConfig(Frozen):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -214,7 +213,4 @@ class CanaryConfig(Frozen):
 
 
 def _canary_url(v: str) -> str:
-    parts = urlsplit(v)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9201")
-    return v.rstrip("/")
+    return check_url(v)

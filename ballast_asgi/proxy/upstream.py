@@ -66,8 +66,8 @@ class Upstream:
         try:
             parts = urlsplit(url.strip())
             port = parts.port
-        except ValueError:
-            raise UpstreamURLError(f"upstream: not a valid URL: {shown}") from None
+        except ValueError as exc:  # e.g. a port that is not a number in 0..65535
+            raise UpstreamURLError(f"upstream: not a valid URL ({exc}): {shown}") from None
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS or not parts.hostname:
             raise UpstreamURLError(f"upstream must be an http(s)://host[:port] URL, got {shown}")

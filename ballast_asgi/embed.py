@@ -10,10 +10,24 @@ call to retry, so retries are off. The innermost stage is
 are breaker failures) and cancels a handler whose deadline passes (504). The
 breaker is keyed by the matched route template (``breaker.scope: route``), so
 one failing route cannot shed another's traffic.
+
+**Body size.** In an app the app's own limits rule: the gateway's request
+body cap (``proxy.max_body_bytes``, 10 MiB for the standalone gateway) is
+lifted unless the config sets it explicitly, so a 12 MB upload reaches the
+handler (issue 30). Bodies up to ``body.replay_max_bytes`` are still read
+before the request queues; larger ones stream to the handler.
+
+**Processes.** Every limit is per process: under ``uvicorn --workers N`` or
+gunicorn each worker has its own limiter, queue, breakers and rate limits, and
+``/_ballast/snapshot`` answers from whichever worker took the connection; its
+``worker`` section says which (``pid``). Divide the caps by N in the config,
+use Redis rate limits for a shared limit, or run the standalone gateway with
+``ballast --workers N``, which divides every cap and aggregates the admin port.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -57,6 +71,8 @@ class Ballast:
         """Every stage's live state as one JSON-safe document (as ``/_ballast/snapshot``)."""
         doc = self.parts.snapshot(self.parts.clock())
         doc["config"] = {"version": self.version, "limiter": self.config.limiter.algorithm}
+        #: Limits are per process: say which process answered (uvicorn --workers, gunicorn).
+        doc["worker"] = {"pid": os.getpid(), "limits": "per_process"}
         return doc
 
     def reload(self, config: GatewayConfig | Mapping[str, Any]) -> GatewayConfig:
@@ -72,7 +88,7 @@ class Ballast:
 
     def build(self, app: ASGIApp) -> ASGIApp:
         """The stages around ``app`` for the current config (innermost: the handler stage)."""
-        cfg = self.config
+        cfg = app_limits_rule(self.config)
         a = cfg.admission
         handler = HandlerMiddleware(
             app,
@@ -83,6 +99,18 @@ class Ballast:
         )
         stack = build_stack(handler, self.parts, cfg, retries=False, route_key=self.route_key)
         return AdminRouter(stack, exposition=self.parts.metrics.exposition, snapshot=self.snapshot)
+
+
+#: The body cap an app gets when its config does not set one: the largest the key allows.
+NO_BODY_CAP = 2**34
+
+
+def app_limits_rule(config: GatewayConfig) -> GatewayConfig:
+    """``config`` with the gateway's body cap lifted unless ``proxy.max_body_bytes`` was set."""
+    if "max_body_bytes" in config.proxy.model_fields_set:
+        return config
+    proxy = config.proxy.model_copy(update={"max_body_bytes": NO_BODY_CAP})
+    return config.model_copy(update={"proxy": proxy})
 
 
 class BallastStack:
@@ -114,8 +142,8 @@ def _config(config: GatewayConfig | Mapping[str, Any] | None, limiter: str | Non
 
 
 def _with_limiter(config: GatewayConfig, limiter: str) -> GatewayConfig:
-    data = config.model_dump()
-    data["limiter"]["algorithm"] = limiter
+    data = config.model_dump(exclude_unset=True)  # keeps which keys were set (body cap)
+    data.setdefault("limiter", {})["algorithm"] = limiter
     return GatewayConfig.model_validate(data)
 
 

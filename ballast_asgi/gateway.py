@@ -305,8 +305,7 @@ class Gateway:
             "limiter": self.config.limiter.algorithm,
             "dry_run": self.config.load_shed_dry_run,
         }
-        if self.worker is not None:
-            doc["worker"] = self.worker
+        doc["worker"] = self.worker or {"index": 0, "of": 1, "pid": os.getpid()}
         if self.discovery is not None:  # the applied config version (docs/discovery.md)
             doc["config_version"] = self.discovery.config_version
             doc["discovery"] = self.discovery.snapshot()

@@ -1,4 +1,4 @@
-"""In an app the app's limits rule: no gateway body cap unless set; the snapshot names the process."""
+"""In an app its own limits rule (no gateway body cap unless set); the snapshot names the pid."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ async def test_a_12_mb_upload_reaches_the_handler_by_default() -> None:
 @pytest.mark.anyio
 async def test_an_explicit_body_cap_still_applies() -> None:
     """``proxy.max_body_bytes`` set in the install config is enforced (413)."""
-    for config in ({"proxy": {"max_body_bytes": 1_000_000}},
-                   GatewayConfig.model_validate({"proxy": {"max_body_bytes": 1_000_000}})):  # fmt: skip
+    capped = {"proxy": {"max_body_bytes": 1_000_000}}
+    for config in (capped, GatewayConfig.model_validate(capped)):
         r = await _post(_app(config, limiter="fixed"))
         assert r.status_code == 413 and "1000000 bytes" in r.text, r.text
 

@@ -142,11 +142,14 @@ async def run_demo(args: argparse.Namespace, procs: Procs) -> int:
 
 
 def print_summary(result: RunResult, view: LiveView, sim_stats: dict[str, Any] | None) -> None:
-    """The final per-tier table and what the gateway and the backend did."""
+    """The final per-tier table, what each count means, and what the gateway and backend did."""
     summary = summarize(result)
     crit = summary["tiers"]["critical"]
     print("\n== summary ==")
-    print(format_table(summary))
+    table = format_table(summary).splitlines()  # the per-tier rows; the dicts below in words
+    print("\n".join(ln for ln in table if not ln.startswith(("  ", "generator:"))))
+    for line in outcome_lines(summary):
+        print(line)
     print(f"critical served {crit['served']} / {crit['sent']} sent")
     print(view.limit_line())
     if sim_stats:
@@ -154,6 +157,52 @@ def print_summary(result: RunResult, view: LiveView, sim_stats: dict[str, Any] |
             f"upstream: served {sim_stats['served']}, finished after deadline "
             f"{sim_stats['finished_after_deadline']}, max queue {sim_stats['max_queue_len']}"
         )
+    print(LEGEND)
+
+
+#: What the summary's words mean (printed under it).
+LEGEND = """
+what the columns mean:
+  served   answered 2xx within the tier's deadline (critical 400 ms, standard 1 s, bulk 3 s)
+  shed     refused by the gateway (429, X-Ballast-Reason says why) before any upstream
+           work. 'deadline': the request's X-Deadline-Ms budget ran out while it
+           waited in the gateway's queue (or before it arrived): the gateway drops it rather
+           than send the upstream work for a client that has given up. Standard and bulk
+           wait behind critical, so at several times the capacity they are the ones
+           shed this way; 'queue_full' / 'queue_timeout': no room or no permit in time
+  expired  the client's deadline passed anyway: a late 2xx ('late'), a local timeout
+           ('timeout'), or a 504 from the gateway when the budget ran out at the upstream
+  errors   any other status or a transport error
+  not_iss  the load generator itself fell behind and never sent these (its failure, not
+           the gateway's)"""
+
+
+def outcome_lines(summary: dict[str, Any]) -> list[str]:
+    """Per tier, the sheds by reason, the expiries and errors by kind, in words."""
+    lines = []
+    for name, t in summary["tiers"].items():
+        parts = [
+            f"{label} {_counts(t[key])}"
+            for label, key in (
+                ("shed", "shed_by_reason"),
+                ("expired", "expired_by"),
+                ("errors", "errors_by"),
+            )
+            if t[key]
+        ]
+        if parts:
+            lines.append(f"  {name}: " + "; ".join(parts))
+    g = summary["generator"]
+    lines.append(
+        f"generator: sent {g['sent']} of {g['scheduled']} scheduled ({g['achieved_rps']} rps), "
+        f"not issued {g['not_issued']}"
+    )
+    return lines
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """``{"deadline": 812, "queue_full": 30}`` as ``812 deadline, 30 queue_full``."""
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _parser() -> argparse.ArgumentParser:

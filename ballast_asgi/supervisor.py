@@ -297,7 +297,13 @@ class Supervisor:
         if self.stopping or slot.state != "restarting":
             return
         old = slot.pid
-        self.fork(slot)
+        try:
+            self.fork(slot)
+        except OSError as exc:  # e.g. EAGAIN: no process slot now; try again later
+            emit("worker.restart_failed", "error", key=str(slot.index), worker=slot.index,
+                 error=str(exc), retry_in_s=RESTART_MAX_S)  # fmt: skip
+            asyncio.get_running_loop().call_later(RESTART_MAX_S, self._restart, slot)
+            return
         emit("worker.restarted", "info", key=str(slot.index), worker=slot.index, pid=slot.pid,
              previous_pid=old, restarts=len(slot.restarts))  # fmt: skip
 
@@ -308,6 +314,8 @@ class Supervisor:
             for slot in self.slots:
                 if slot.state == "restarting":
                     slot.state = "exited"
+            if all(s.state in ("exited", "given_up") for s in self.slots):
+                self.on_all_done()  # nothing left running to wait for
         for slot in self.slots:
             if slot.pid is not None and slot.state in ("running", "starting"):
                 with contextlib.suppress(ProcessLookupError):

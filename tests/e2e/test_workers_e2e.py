@@ -221,3 +221,34 @@ def test_a_worker_that_keeps_crashing_is_given_up(monkeypatch: pytest.MonkeyPatc
     os.rmdir(tmp)
     assert seen == ["worker.died", "worker.restarted"] * 3 + ["worker.crash_loop"], seen
     assert sup.slots[0].state == "given_up" and sup.exit_code() == 1
+
+
+def test_sigterm_while_a_restart_is_pending_stops_the_supervisor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real fork: the only worker died, its restart waits; SIGTERM then ends the supervisor."""
+    import asyncio
+    import socket
+    import tempfile
+
+    from ballast_asgi import supervisor as sup_mod
+
+    monkeypatch.setattr(sup_mod, "RESTART_BASE_S", 60.0)  # the restart never comes in time
+    monkeypatch.setattr(sup_mod, "emit", lambda *a, **kw: None)
+    tmp = tempfile.mkdtemp()
+    with socket.socket() as traffic:
+        sup = sup_mod.Supervisor(1, traffic, lambda i, t, a: os._exit(0), tmp)
+        sup.fork(sup.slots[0])
+
+        async def go() -> None:
+            loop = asyncio.get_running_loop()
+            parent = asyncio.ensure_future(sup_mod._parent(sup, None, {}))
+            while sup.slots[0].state != "restarting":
+                await asyncio.sleep(0.01)  # waiting for the child's exit to be reaped, bounded
+            loop.call_soon(sup.forward, signal.SIGTERM)
+            await parent
+
+        asyncio.run(asyncio.wait_for(go(), 30))
+    os.unlink(sup.slots[0].path)
+    os.rmdir(tmp)
+    assert sup.slots[0].state == "exited" and sup.exit_code() == 0

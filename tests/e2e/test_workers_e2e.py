@@ -178,7 +178,7 @@ def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Pa
 
 def test_missing_worker_is_reported_not_refused() -> None:
     """A worker that does not answer: /metrics and /snapshot 200 from the others, say which."""
-    from ballast_asgi.supervisor import Aggregator, Slot
+    from ballast_asgi.worker_admin import Aggregator, Slot
 
     gone = Slot(1, "/nonexistent/b.sock", pid=12, state="restarting", last_exit="signal SIGKILL")
     slots = [Slot(0, "/nonexistent/a.sock", pid=11, state="running"), gone]
@@ -234,7 +234,8 @@ def test_sigterm_while_a_restart_is_pending_stops_the_supervisor(
     from ballast_asgi import supervisor as sup_mod
 
     monkeypatch.setattr(sup_mod, "RESTART_BASE_S", 60.0)  # the restart never comes in time
-    monkeypatch.setattr(sup_mod, "emit", lambda *a, **kw: None)
+    died = asyncio.Event()
+    monkeypatch.setattr(sup_mod, "emit", lambda event, *a, **kw: died.set())
     tmp = tempfile.mkdtemp()
     with socket.socket() as traffic:
         sup = sup_mod.Supervisor(1, traffic, lambda i, t, a: os._exit(0), tmp)
@@ -243,8 +244,8 @@ def test_sigterm_while_a_restart_is_pending_stops_the_supervisor(
         async def go() -> None:
             loop = asyncio.get_running_loop()
             parent = asyncio.ensure_future(sup_mod._parent(sup, None, {}))
-            while sup.slots[0].state != "restarting":
-                await asyncio.sleep(0.01)  # waiting for the child's exit to be reaped, bounded
+            await died.wait()  # worker.died: the exit was reaped, the restart is pending
+            assert sup.slots[0].state == "restarting"
             loop.call_soon(sup.forward, signal.SIGTERM)
             await parent
 

@@ -137,4 +137,6 @@ def test_canary_rollback_is_logged(seen: list[Any], caplog: pytest.LogCaptureFix
     announce(rollout)
     (record,) = caplog.records
     assert record.ballast_event == "canary.rolled_back" and record.levelname == "WARNING"  # type: ignore[attr-defined]
-    assert record.ballast_fields["reason"] == "operator"  # type: ignore[attr-defined]
+    fields = record.ballast_fields  # type: ignore[attr-defined]
+    assert fields["reason"] == "operator" and fields["alpha"] == 0.01
+    assert {"errors_log_e_value", "errors_log_bound", "latency_log_e_value"} <= set(fields)

@@ -14,6 +14,16 @@ def announce(rollout: Rollout) -> None:
     if d is None:
         return
     level = "warning" if d.state is State.ROLLED_BACK else "info"
-    numbers: dict[str, Any] = {k: v for k, v in d.evidence.items()
-                               if isinstance(v, int | float | str) and k != "key"}  # fmt: skip
-    emit(f"canary.{d.state.value}", level, reason=d.reason, **numbers)
+    emit(f"canary.{d.state.value}", level, reason=d.reason, **_numbers(d.evidence))
+
+
+def _numbers(evidence: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    """The evidence's numbers, nested ones flattened (``errors_log_e_value``), at most 16."""
+    out: dict[str, Any] = {}
+    for k, v in evidence.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, bool | int | float) and name != "key":
+            out[name] = v
+        elif isinstance(v, dict) and depth < 1 and k != "stable_history":
+            out.update(_numbers(v, f"{name}_", depth + 1))
+    return dict(list(out.items())[:16])

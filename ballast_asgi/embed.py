@@ -23,10 +23,15 @@ gunicorn each worker has its own limiter, queue, breakers and rate limits, and
 ``worker`` section says which (``pid``). Divide the caps by N in the config,
 use Redis rate limits for a shared limit, or run the standalone gateway with
 ``ballast --workers N``, which divides every cap and aggregates the admin port.
+
+Outgoing calls through ``ballast_asgi.client.BallastTransport`` show in the
+handle's snapshot (section ``client``) and metrics (``ballast_client_*``):
+every live transport of the process, no wiring needed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -36,6 +41,8 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from ballast_asgi.admin import AdminRouter
+from ballast_asgi.client.live import client_section
+from ballast_asgi.client.metrics import ClientCollector
 from ballast_asgi.config import GatewayConfig, build_config
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
@@ -73,6 +80,7 @@ class Ballast:
         doc["config"] = {"version": self.version, "limiter": self.config.limiter.algorithm}
         #: Limits are per process: say which process answered (uvicorn --workers, gunicorn).
         doc["worker"] = {"pid": os.getpid(), "limits": "per_process"}
+        doc["client"] = client_section()
         return doc
 
     def reload(self, config: GatewayConfig | Mapping[str, Any]) -> GatewayConfig:
@@ -157,7 +165,15 @@ def make_parts(
 ) -> tuple[GatewayConfig, Parts]:
     """Validate ``config`` and build the stack's collaborators."""
     cfg = _config(config, limiter)
-    return cfg, build_parts(cfg, Metrics(registry), clock=clock, rng=rng)
+    metrics = Metrics(registry)
+    _collect_client_calls(metrics)
+    return cfg, build_parts(cfg, metrics, clock=clock, rng=rng)
+
+
+def _collect_client_calls(metrics: Metrics) -> None:
+    """Expose the process's ``BallastTransport`` calls on this registry (once per registry)."""
+    with contextlib.suppress(ValueError):  # already there: an earlier install on this registry
+        metrics.registry.register(ClientCollector())
 
 
 def route_template(app: Any) -> RouteKey | None:

@@ -19,6 +19,7 @@ CORES = [
     "ballast_tools/units.py",
     "ballast_tools/hist.py",
     *(f"ballast_asgi/canary/{m}.py" for m in ("evidence", "blocks", "judges", "rollout", "split")),
+    *(f"ballast_asgi/client/{m}.py" for m in ("config", "hosts", "live", "policy", "throttle")),
 ]
 
 

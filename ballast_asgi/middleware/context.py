@@ -28,6 +28,7 @@ Who writes what (one writer per field):
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -113,6 +114,19 @@ class RequestContext:
         if self.deadline is None:
             return None
         return (self.deadline - self.clock()) * 1000.0
+
+
+#: The admitted request the running task serves: set by the in-app handler stage
+#: (``install``/``wrap``) around the user's handlers, so an outgoing call
+#: (``ballast_asgi.client.BallastTransport``) finds its deadline and tier without
+#: the caller passing anything. Tasks the handler starts inherit it (as asyncio
+#: copies contexts): their calls share the request's deadline.
+CURRENT_CONTEXT: ContextVar[RequestContext | None] = ContextVar("ballast_request", default=None)
+
+
+def current_context() -> RequestContext | None:
+    """The context of the admitted request this task serves, or None outside one."""
+    return CURRENT_CONTEXT.get()
 
 
 def with_context(scope: Scope, ctx: RequestContext) -> Scope:

@@ -14,7 +14,10 @@ It does for a handler what the proxy does for an upstream call:
    false`` lets handlers run past their deadline.
 
 Handlers that pass the budget on read ``ctx.remaining_ms()``
-(``get_context(request.scope)`` or ``request.state.ballast``).
+(``get_context(request.scope)`` or ``request.state.ballast``); while the
+handler runs, the context is also ``current_context()`` (a contextvar,
+reset when the handler returns), which is how ``BallastTransport`` forwards
+the deadline and tier of an outgoing call without the caller passing them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ballast_asgi.config.models import DEFAULT_DEADLINE_STATUS
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
-from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.context import CURRENT_CONTEXT, RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
 
 
@@ -66,6 +69,7 @@ class HandlerMiddleware:
                 ctx.record_status(int(message["status"]), clock() - started)
             await send(message)
 
+        token = CURRENT_CONTEXT.set(ctx)
         try:
             await self._run(scope, receive, recording_send, ctx)
         except _DeadlinePassed:
@@ -77,6 +81,8 @@ class HandlerMiddleware:
         except Exception:
             ctx.record(AttemptOutcome.STATUS_5XX)
             raise
+        finally:
+            CURRENT_CONTEXT.reset(token)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext) -> None:
         if not self._cancel or ctx.deadline is None:

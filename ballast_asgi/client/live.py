@@ -1,0 +1,55 @@
+"""The live ``BallastTransport`` objects of this process, for ``/_ballast/snapshot``.
+
+Every transport registers itself here (weakly: a dropped client is
+forgotten), so an app that ``install()``-ed ballast shows its outgoing calls
+in the ``client`` section of its snapshot and in its metrics without any
+wiring. Standard library only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Protocol
+
+
+class _Snapshots(Protocol):
+    def snapshot(self, now: float | None = None) -> dict[str, Any]: ...
+
+
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_TOTALS = (
+    "sent",
+    "retried",
+    "retry_denied",
+    "throttled",
+    "backed_off",
+    "no_budget",
+    "shed",
+    "failed",
+)
+
+
+def register(transport: _Snapshots) -> None:
+    """Remember ``transport`` while it lives."""
+    _LIVE.add(transport)
+
+
+def transports() -> list[Any]:
+    """The transports alive now, oldest first is not guaranteed."""
+    return list(_LIVE)
+
+
+def client_section() -> dict[str, Any]:
+    """The ``client`` section: totals over every live transport and each host's state."""
+    section: dict[str, Any] = {"transports": 0, **dict.fromkeys(_TOTALS, 0), "hosts": {}}
+    for transport in transports():
+        doc = transport.snapshot()
+        section["transports"] += 1
+        for name in _TOTALS:
+            section[name] += doc[name]
+        for key, state in doc["hosts"].items():
+            name, n = key, 2
+            while name in section["hosts"]:
+                name, n = f"{key}#{n}", n + 1
+            section["hosts"][name] = state
+    return section

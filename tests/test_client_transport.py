@@ -381,3 +381,48 @@ async def test_context_of_an_installed_app_reaches_the_call_and_does_not_leak() 
     host = snapshot["client"]["hosts"]["http://chain-a.test:80"]
     assert host["throttle"]["accepts_in_window"] == 1
     assert handle.snapshot()["client"]["transports"] >= 1
+
+
+async def test_no_budget_marks_the_admitted_request_as_a_deadline_miss() -> None:
+    """A refusal for lack of the request's own budget records DEADLINE on its context."""
+    from ballast_asgi.core.outcome import AttemptOutcome
+
+    clock = FakeClock()
+    ctx = _ctx(clock, 0.001, Priority.STANDARD)
+    transport = _transport(clock, Recorder(clock, 200), ctx)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.get("http://b.test/x")
+    assert ctx.outcome is AttemptOutcome.DEADLINE
+    ctx.record_status(500)
+    assert ctx.outcome is AttemptOutcome.DEADLINE  # the handler's 5xx answer does not override
+
+
+async def test_caller_deadline_refusal_leaves_the_request_outcome_alone() -> None:
+    """A refusal on a budget the caller set explicitly records nothing on the request."""
+    clock = FakeClock()
+    ctx = _ctx(clock, 10.0, Priority.STANDARD)
+    transport = _transport(clock, Recorder(clock, 200), ctx)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.get("http://b.test/x", headers={"X-Deadline-Ms": "1"})
+    assert ctx.outcome is None
+
+
+async def test_failed_answer_after_the_budget_is_spent_is_a_deadline_miss() -> None:
+    """A 504 arriving when the request's budget is spent records DEADLINE, a 200 does not."""
+    from ballast_asgi.core.outcome import AttemptOutcome
+
+    clock = FakeClock()
+    late = _ctx(clock, 0.1, Priority.STANDARD)
+    async with httpx.AsyncClient(
+        transport=_transport(clock, Recorder(clock, 504, took_s=0.1), late)
+    ) as client:
+        assert (await client.get("http://b.test/x")).status_code == 504
+    assert late.outcome is AttemptOutcome.DEADLINE
+    fine = _ctx(clock, 0.1, Priority.STANDARD)
+    async with httpx.AsyncClient(
+        transport=_transport(clock, Recorder(clock, 200, took_s=0.1), fine)
+    ) as client:
+        assert (await client.get("http://b.test/x")).status_code == 200
+    assert fine.outcome is None

@@ -12,7 +12,11 @@
    ``default_priority``, else none is sent.
 2. **Refuse before sending** (the original raises, a retry returns the last
    answer instead): less budget than ``min_budget_ms`` or than the host's
-   recent latency -> ``DeadlineExceeded``; the host asked to back off
+   recent latency -> ``DeadlineExceeded`` (when the budget was the admitted
+   request's, its outcome is recorded as ``DEADLINE``: the in-app breaker
+   does not count the handler's error answer as the app failing; so is a
+   failed answer that arrives with the budget spent, e.g. a downstream's 504
+   for a request that expired in its queue); the host asked to back off
    (``Retry-After`` after a shed of this tier or a more important one) or the
    adaptive throttle refuses -> ``Throttled``.
 3. **Send** with ``X-Deadline-Ms`` = whole milliseconds left, every httpx
@@ -52,6 +56,7 @@ from ballast_asgi.client.policy import (
 )
 from ballast_asgi.core.deadline import parse_budget_ms
 from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.priority import Priority, parse_priority
 from ballast_asgi.core.types import Clock
 from ballast_asgi.middleware.context import RequestContext, current_context
@@ -74,6 +79,8 @@ class _Plan:
     deadline: float | None
     tier: Priority
     caller_deadline: bool
+    #: The admitted request whose deadline this call spends (None: not its deadline).
+    owner: RequestContext | None
 
 
 class BallastTransport(httpx.AsyncBaseTransport):
@@ -113,12 +120,13 @@ class BallastTransport(httpx.AsyncBaseTransport):
         replayable = isinstance(request.stream, httpx.ByteStream)
         last: httpx.Response | None = None
         error: Exception | None = None
+        verdict = Verdict.OK
         attempt = 0
         while True:
             refusal = self._refusal(request, host, key, plan, self.clock())
             if refusal is not None:
                 if attempt == 0:
-                    raise refusal
+                    raise _spent(plan, refusal)
                 break
             if last is not None:
                 await last.aclose()
@@ -131,9 +139,18 @@ class BallastTransport(httpx.AsyncBaseTransport):
                 break
             await self._backoff(delay, last)
         if error is not None:
-            raise error
+            raise _spent(plan, error)
         assert last is not None  # an attempt ran: it answered or raised
+        self._late_failure(plan, verdict)
         return last
+
+    def _late_failure(self, plan: _Plan, verdict: Verdict) -> None:
+        """A failed answer with the request's budget spent: record the deadline miss."""
+        owner, deadline = plan.owner, plan.deadline
+        if owner is None or deadline is None or verdict is Verdict.OK:
+            return
+        if deadline - self.clock() < self.config.min_budget_s:
+            owner.record(AttemptOutcome.DEADLINE)
 
     def _plan(self, request: httpx.Request, now: float) -> _Plan:
         ctx = self._context()
@@ -146,7 +163,8 @@ class BallastTransport(httpx.AsyncBaseTransport):
             if known is not None:
                 request.headers[_PRIORITY] = known.label
             tier = known if known is not None else Priority.STANDARD
-        return _Plan(deadline, tier, caller)
+        owner = ctx if ctx is not None and ctx.deadline is not None and not caller else None
+        return _Plan(deadline, tier, caller, owner)
 
     def _deadline(
         self, request: httpx.Request, ctx: RequestContext | None, now: float
@@ -297,6 +315,18 @@ class BallastTransport(httpx.AsyncBaseTransport):
             "hosts": {key: state.snapshot(t) for key, state in held},
             "by_label": {label: c.as_dict() for label, c in self.hosts.labels.items()},
         }
+
+
+def _spent(plan: _Plan, exc: Exception) -> Exception:
+    """``exc``; a DeadlineExceeded on the admitted request's own deadline is recorded on it.
+
+    The request's outcome becomes ``DEADLINE`` (the first record wins): its
+    deadline ran out, which the limiter counts as congestion and the breaker
+    as neutral, whatever status the handler answers with afterwards.
+    """
+    if plan.owner is not None and isinstance(exc, DeadlineExceeded):
+        plan.owner.record(AttemptOutcome.DEADLINE)
+    return exc
 
 
 def host_key(url: httpx.URL) -> str:

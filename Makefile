@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DURATION ?= 30
 
 .PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench clean system-deps \
-	experiment-discovery experiment-canary
+	experiment-discovery experiment-canary experiment-chain
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -82,6 +82,12 @@ experiment-ratelimit: $(STAMP) system-deps
 # Discovery on etcd: two gateways, instances that come and go (docs/discovery.md).
 experiment-discovery: $(STAMP) system-deps
 	$(PY) -m experiments.discovery
+
+# gateway -> A (FastAPI + install) -> B (simulator) under a capacity trigger, three
+# configurations (docs/chain.md); about four minutes. PHASE_S=10 sets each phase's length.
+PHASE_S ?= 10
+experiment-chain: $(STAMP)
+	$(PY) -m experiments.chain --phase-s $(PHASE_S)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

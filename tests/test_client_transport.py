@@ -426,3 +426,35 @@ async def test_failed_answer_after_the_budget_is_spent_is_a_deadline_miss() -> N
     ) as client:
         assert (await client.get("http://b.test/x")).status_code == 200
     assert fine.outcome is None
+
+
+async def test_refusal_handler_answers_a_shed() -> None:
+    """A refused call let through a handler becomes a 429 shed with reason and Retry-After."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from ballast_asgi.client import refusal_handler
+
+    clock = FakeClock()
+    ctx = _ctx(clock, 0.0, Priority.STANDARD)
+    outbound = httpx.AsyncClient(transport=_transport(clock, Recorder(clock, 200), ctx))
+
+    async def handler(request: Request) -> Response:
+        await outbound.get("http://refused.test/x")
+        raise AssertionError("unreachable")
+
+    app = Starlette(routes=[Route("/", handler)])
+    app.add_exception_handler(LocalRefusal, refusal_handler)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://a") as c:
+        answer = await c.get("/")
+    assert answer.status_code == 429
+    assert answer.headers["x-ballast-reason"] == "deadline"
+    assert answer.headers["retry-after"] == "1"
+    exc = Throttled("t", request=httpx.Request("GET", "http://h"), host="h", reason="retry_after",
+                    retry_after_s=2.2)  # fmt: skip
+    from ballast_asgi.client import refusal_response
+
+    shed = refusal_response(exc)
+    assert shed.headers["x-ballast-reason"] == "early_drop" and shed.headers["retry-after"] == "3"

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ballast_asgi.client.errors import DeadlineExceeded, LocalRefusal, Throttled
     from ballast_asgi.client.live import client_section
     from ballast_asgi.client.metrics import ClientCollector
+    from ballast_asgi.client.responses import refusal_handler, refusal_response
     from ballast_asgi.client.transport import BallastTransport
 
 _LAZY = {
@@ -31,6 +32,8 @@ _LAZY = {
     "LocalRefusal": "ballast_asgi.client.errors",
     "Throttled": "ballast_asgi.client.errors",
     "client_section": "ballast_asgi.client.live",
+    "refusal_handler": "ballast_asgi.client.responses",
+    "refusal_response": "ballast_asgi.client.responses",
 }
 
 __all__ = [
@@ -41,6 +44,8 @@ __all__ = [
     "LocalRefusal",
     "Throttled",
     "client_section",
+    "refusal_handler",
+    "refusal_response",
 ]
 
 __getattr__ = lazy_getattr("ballast_asgi.client", _LAZY, globals())

@@ -458,3 +458,23 @@ async def test_refusal_handler_answers_a_shed() -> None:
 
     shed = refusal_response(exc)
     assert shed.headers["x-ballast-reason"] == "early_drop" and shed.headers["retry-after"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("raw", "tier", "forwarded"),
+    [(b"0", Priority.CRITICAL, "0"), (b" Bulk ", Priority.BULK, "Bulk"),
+     (b"bulk", Priority.CRITICAL, "critical"), (None, Priority.STANDARD, "standard")],
+)  # fmt: skip
+async def test_tier_is_forwarded_as_the_caller_spelt_it(
+    raw: bytes | None, tier: Priority, forwarded: str
+) -> None:
+    """The incoming X-Priority spelling is kept when it named the tier ballast chose."""
+    from ballast_asgi.core.head import RequestHead
+
+    clock = FakeClock()
+    rec = Recorder(clock, 200)
+    ctx = RequestContext(arrival=clock.t, deadline=None, priority=tier,
+                         head=RequestHead(priority=raw), clock=clock)  # fmt: skip
+    async with httpx.AsyncClient(transport=_transport(clock, rec, ctx)) as client:
+        await client.get("http://b.test/x")
+    assert rec.seen[0].headers["x-priority"] == forwarded

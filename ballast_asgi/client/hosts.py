@@ -31,6 +31,8 @@ from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.retry_budget import RetryBudget
 
 LATENCY_ALPHA = 0.2
+#: Hosts listed in a snapshot (the most recently used).
+SNAPSHOT_HOSTS = 64
 OTHER = "other"
 _TIERS = len(Priority)
 
@@ -150,3 +152,22 @@ class HostTable:
     def items(self) -> list[tuple[str, HostState]]:
         """The hosts held now, least recently used first."""
         return list(self._hosts.items())
+
+    def totals(self) -> LabelCounts:
+        """Every counter summed over the labels."""
+        total = LabelCounts()
+        for counts in self.labels.values():
+            for name, value in counts.as_dict().items():
+                setattr(total, name, getattr(total, name) + value)
+        return total
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Totals, per-label counters and the most recently used hosts' state."""
+        held = self.items()[-SNAPSHOT_HOSTS:]
+        return {
+            **self.totals().as_dict(),
+            "hosts_held": len(self._hosts),
+            "hosts_evicted": self.evicted,
+            "hosts": {key: state.snapshot(now) for key, state in held},
+            "by_label": {label: c.as_dict() for label, c in self.labels.items()},
+        }

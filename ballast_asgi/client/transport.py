@@ -46,6 +46,7 @@ import httpx
 from ballast_asgi.client import live
 from ballast_asgi.client.config import ClientConfig
 from ballast_asgi.client.errors import DeadlineExceeded, Throttled
+from ballast_asgi.client.headers import cut_timeouts, host_key, lenient_priority, tier_value
 from ballast_asgi.client.hosts import HostState, HostTable, LabelCounts
 from ballast_asgi.client.policy import (
     Verdict,
@@ -57,7 +58,7 @@ from ballast_asgi.client.policy import (
 from ballast_asgi.core.deadline import parse_budget_ms
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import AttemptOutcome
-from ballast_asgi.core.priority import Priority, parse_priority
+from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Clock
 from ballast_asgi.middleware.context import RequestContext, current_context
 
@@ -67,9 +68,6 @@ ContextSource = Callable[[], RequestContext | None]
 _DEADLINE = "x-deadline-ms"
 _PRIORITY = "x-priority"
 _REASON = "x-ballast-reason"
-_TIMEOUT_KEYS = ("connect", "read", "write", "pool")
-#: Hosts listed in a snapshot (the most recently used).
-SNAPSHOT_HOSTS = 64
 
 
 @dataclass(slots=True)
@@ -157,12 +155,15 @@ class BallastTransport(httpx.AsyncBaseTransport):
         deadline, caller = self._deadline(request, ctx, now)
         raw_tier = request.headers.get(_PRIORITY)
         if raw_tier is not None:
-            tier = _lenient_priority(raw_tier)
+            tier = lenient_priority(raw_tier)
+        elif ctx is not None:
+            request.headers[_PRIORITY] = tier_value(ctx)
+            tier = ctx.priority
+        elif self.config.default_priority is not None:
+            tier = self.config.default_priority
+            request.headers[_PRIORITY] = tier.label
         else:
-            known = ctx.priority if ctx is not None else self.config.default_priority
-            if known is not None:
-                request.headers[_PRIORITY] = known.label
-            tier = known if known is not None else Priority.STANDARD
+            tier = Priority.STANDARD
         owner = ctx if ctx is not None and ctx.deadline is not None and not caller else None
         return _Plan(deadline, tier, caller, owner)
 
@@ -221,7 +222,7 @@ class BallastTransport(httpx.AsyncBaseTransport):
         if left is not None:
             if not (plan.caller_deadline and attempt == 0):
                 request.headers[_DEADLINE] = str(max(0, int(left * 1000.0)))
-            request.extensions["timeout"] = _cut(request.extensions.get("timeout"), left)
+            request.extensions["timeout"] = cut_timeouts(request.extensions.get("timeout"), left)
         host.counts.sent += 1
         try:
             if left is None:
@@ -298,23 +299,11 @@ class BallastTransport(httpx.AsyncBaseTransport):
 
     def totals(self) -> LabelCounts:
         """Every counter summed over the hosts' labels."""
-        total = LabelCounts()
-        for counts in self.hosts.labels.values():
-            for name, value in counts.as_dict().items():
-                setattr(total, name, getattr(total, name) + value)
-        return total
+        return self.hosts.totals()
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """JSON-safe state: totals, per-label counters and the held hosts' state."""
-        t = self.clock() if now is None else now
-        held = self.hosts.items()[-SNAPSHOT_HOSTS:]
-        return {
-            **self.totals().as_dict(),
-            "hosts_held": len(self.hosts),
-            "hosts_evicted": self.hosts.evicted,
-            "hosts": {key: state.snapshot(t) for key, state in held},
-            "by_label": {label: c.as_dict() for label, c in self.hosts.labels.items()},
-        }
+        return self.hosts.snapshot(self.clock() if now is None else now)
 
 
 def _spent(plan: _Plan, exc: Exception) -> Exception:
@@ -327,28 +316,3 @@ def _spent(plan: _Plan, exc: Exception) -> Exception:
     if plan.owner is not None and isinstance(exc, DeadlineExceeded):
         plan.owner.record(AttemptOutcome.DEADLINE)
     return exc
-
-
-def host_key(url: httpx.URL) -> str:
-    """``scheme://host:port`` of ``url`` (the port made explicit)."""
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return f"{url.scheme}://{url.host}:{port}"
-
-
-def _lenient_priority(raw: str) -> Priority:
-    """The caller's tier for bookkeeping (an unknown value counts as standard)."""
-    try:
-        return parse_priority(raw.encode("latin-1"), Priority.STANDARD)
-    except (HeaderError, UnicodeEncodeError):
-        return Priority.STANDARD
-
-
-def _cut(timeout: Any, left: float) -> dict[str, float]:
-    """httpx per-phase timeouts, each cut to ``left`` seconds (at least 1 ms)."""
-    bound = max(left, 0.001)
-    old = timeout if isinstance(timeout, dict) else {}
-    out = {}
-    for name in _TIMEOUT_KEYS:
-        value = old.get(name)
-        out[name] = bound if value is None else min(float(value), bound)
-    return out

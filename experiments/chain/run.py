@@ -152,7 +152,8 @@ async def _b_records(b_base: str, t0: float) -> list[list[Any]]:
     async with aiohttp.ClientSession() as session, session.get(f"{b_base}/_chain/records") as r:
         raw = json.loads(await r.read())
     return [
-        [a - t0, e - t0, busy, None if g is None else g - t0, s, i] for a, e, busy, g, s, i in raw
+        [a - t0, None if e is None else e - t0, busy, None if g is None else g - t0, s, i]
+        for a, e, busy, g, s, i in raw
     ]
 
 

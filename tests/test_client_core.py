@@ -143,10 +143,10 @@ def test_backoff_rejects_retry_zero() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [(b"3", 3.0), (b" 2.5 ", 2.5), (None, 1.0), (b"soon", 1.0), (b"-4", 0.0), (b"9999", 30.0),
-     (b"nan", 1.0), (b"Wed, 21 Oct 2015 07:28:00 GMT", 1.0)],
+    [("3", 3.0), (" 2.5 ", 2.5), (None, 1.0), ("soon", 1.0), ("-4", 0.0), ("9999", 30.0),
+     ("nan", 1.0), ("inf", 1.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 1.0), ("\u00e9", 1.0)],
 )  # fmt: skip
-def test_retry_after_parsing(raw: bytes | None, seconds: float) -> None:
+def test_retry_after_parsing(raw: str | None, seconds: float) -> None:
     """Retry-After is delta-seconds cut to [0, cap]; missing or unreadable reads as 1 s."""
     assert retry_after_s(raw, 30.0) == seconds
 

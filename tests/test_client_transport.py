@@ -478,3 +478,48 @@ async def test_tier_is_forwarded_as_the_caller_spelt_it(
     async with httpx.AsyncClient(transport=_transport(clock, rec, ctx)) as client:
         await client.get("http://b.test/x")
     assert rec.seen[0].headers["x-priority"] == forwarded
+
+
+@pytest.mark.parametrize("value", [b"abc", b"1e300", b"nan", b"-", b"\xe9", b"\xc3\xa9"])
+async def test_malformed_caller_deadline_is_forwarded_and_the_request_budget_applies(
+    value: bytes,
+) -> None:
+    """A caller's unreadable X-Deadline-Ms goes out as written; the admitted budget bounds it."""
+    clock = FakeClock()
+    rec = Recorder(clock, 200)
+    ctx = _ctx(clock, 0.5, Priority.STANDARD)
+    async with httpx.AsyncClient(transport=_transport(clock, rec, ctx)) as client:
+        await client.get("http://b.test/x", headers=[(b"X-Deadline-Ms", value)])
+    sent = rec.seen[0]
+    assert sent.headers.get_list("x-deadline-ms") == [value.decode(sent.headers.encoding)]
+    assert max(sent.extensions["timeout"].values()) == pytest.approx(0.5)
+
+
+async def test_negative_caller_deadline_is_not_sent() -> None:
+    """A caller's X-Deadline-Ms of -5 is a spent budget: refused, never sent."""
+    clock = FakeClock()
+    rec = Recorder(clock, 200)
+    async with httpx.AsyncClient(transport=_transport(clock, rec)) as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.get("http://b.test/x", headers={"X-Deadline-Ms": "-5"})
+    assert rec.seen == []
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "blocked_s"),
+    [(b"\xef\xbc\x91\xef\xbc\x90", 10.0), (b"99999999", 30.0), (b"\xff\xfe", 1.0), (b"-3", 0.0)],
+)
+async def test_hostile_retry_after_is_bounded(retry_after: bytes, blocked_s: float) -> None:
+    """Retry-After from a downstream (non-ASCII, huge, negative) never blocks beyond the cap."""
+    clock = FakeClock()
+
+    def shed(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            429, headers=[(b"X-Ballast-Reason", b"limit"), (b"Retry-After", retry_after)]
+        )
+
+    transport = _transport(clock, shed)
+    async with httpx.AsyncClient(transport=transport) as client:
+        assert (await client.get("http://b.test/x")).status_code == 429
+    state = transport.hosts.get("http://b.test:80")
+    assert state.blocked_s(clock.t, Priority.STANDARD) == pytest.approx(blocked_s)

@@ -82,13 +82,13 @@ def backoff_s(retry: int, rng: random.Random, base_s: float, max_s: float) -> fl
     return rng.uniform(0.0, ceiling)
 
 
-def retry_after_s(raw: bytes | None, cap_s: float) -> float:
+def retry_after_s(raw: str | None, cap_s: float) -> float:
     """Seconds a ``Retry-After`` value asks for, cut to ``[0, cap_s]``."""
     value = DEFAULT_RETRY_AFTER_S
     if raw is not None:
         try:
-            parsed = float(raw.strip().decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
+            parsed = float(raw.strip())
+        except ValueError:
             parsed = DEFAULT_RETRY_AFTER_S
         if math.isfinite(parsed):
             value = parsed

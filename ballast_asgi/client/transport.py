@@ -20,8 +20,8 @@
    (``Retry-After`` after a shed of this tier or a more important one) or the
    adaptive throttle refuses -> ``Throttled``.
 3. **Send** with ``X-Deadline-Ms`` = whole milliseconds left, every httpx
-   timeout cut to the budget, and the whole attempt (to the response head)
-   bounded by it (``DeadlineExceeded(sent=True)`` when it runs out).
+   timeout cut to the budget, and the whole attempt bounded by it, the
+   response body included (``DeadlineExceeded(sent=True)`` when it runs out).
 4. **Judge and maybe retry** (``policy``): a shed is returned, never retried,
    and backs the host off; a 502/503/504 without ``X-Ballast-Reason`` or a
    connect error is retried when the method is idempotent, the body
@@ -55,6 +55,7 @@ from ballast_asgi.client.policy import (
     may_retry,
     retry_after_s,
 )
+from ballast_asgi.client.stream import BoundedStream
 from ballast_asgi.core.deadline import parse_budget_ms
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import AttemptOutcome
@@ -174,7 +175,7 @@ class BallastTransport(httpx.AsyncBaseTransport):
         if raw is not None:
             try:
                 return now + parse_budget_ms(raw.encode("latin-1")) / 1000.0, True
-            except HeaderError:
+            except (HeaderError, UnicodeEncodeError):
                 pass  # forwarded as the caller wrote it; the budget comes from below
         if ctx is not None and ctx.deadline is not None:
             return now + (ctx.deadline - ctx.clock()), raw is not None
@@ -243,6 +244,11 @@ class BallastTransport(httpx.AsyncBaseTransport):
         except httpx.TransportError as exc:
             host.counts.failed += 1
             return None, exc, Verdict.FAILED
+        if plan.deadline is not None and isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = BoundedStream(
+                response.stream, deadline=plan.deadline, clock=self.clock, request=request,
+                host=host_key(request.url),
+            )  # fmt: skip
         return response, None, self._judge(response, host, plan, self.clock() - started)
 
     def _judge(
@@ -257,9 +263,7 @@ class BallastTransport(httpx.AsyncBaseTransport):
         elif verdict is Verdict.SHED:
             host.counts.shed += 1
             raw = response.headers.get("retry-after")
-            wait = retry_after_s(
-                None if raw is None else raw.encode("latin-1"), self.config.max_retry_after_s
-            )
+            wait = retry_after_s(raw, self.config.max_retry_after_s)
             host.note_shed(now, plan.tier, wait)
         else:
             host.counts.failed += 1

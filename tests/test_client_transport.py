@@ -523,3 +523,15 @@ async def test_hostile_retry_after_is_bounded(retry_after: bytes, blocked_s: flo
         assert (await client.get("http://b.test/x")).status_code == 429
     state = transport.hosts.get("http://b.test:80")
     assert state.blocked_s(clock.t, Priority.STANDARD) == pytest.approx(blocked_s)
+
+
+async def test_refused_originals_earn_no_retry_budget() -> None:
+    """Calls refused before sending do not count as originals in the host's retry budget."""
+    clock = FakeClock()
+    transport = _transport(clock, Recorder(clock, 200), _ctx(clock, 0.0, Priority.STANDARD))
+    async with httpx.AsyncClient(transport=transport) as client:
+        for _ in range(20):
+            with pytest.raises(DeadlineExceeded):
+                await client.get("http://b.test/x")
+    budget = transport.hosts.get("http://b.test:80").budget
+    assert budget.snapshot(clock.t)["originals_total"] == 0

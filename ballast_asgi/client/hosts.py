@@ -107,6 +107,8 @@ class HostState:
             "retry_budget": {
                 "balance": round(budget.balance(now), 3),
                 "allowance": round(budget.allowance(now), 3),
+                "originals_in_window": budget.snapshot(now)["originals_in_window"],
+                "retries_in_window": budget.snapshot(now)["retries_in_window"],
             },
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000.0, 3),
             "blocked_s": {p.label: round(self.blocked_s(now, p), 3) for p in Priority},

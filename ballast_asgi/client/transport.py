@@ -115,7 +115,6 @@ class BallastTransport(httpx.AsyncBaseTransport):
         host = self.hosts.get(key)
         now = self.clock()
         plan = self._plan(request, now)
-        host.budget.record_original(now)
         replayable = isinstance(request.stream, httpx.ByteStream)
         last: httpx.Response | None = None
         error: Exception | None = None
@@ -127,6 +126,8 @@ class BallastTransport(httpx.AsyncBaseTransport):
                 if attempt == 0:
                     raise _spent(plan, refusal)
                 break
+            if attempt == 0:  # only a sent original earns retry budget
+                host.budget.record_original(self.clock())
             if last is not None:
                 await last.aclose()
             last, error, verdict = await self._attempt(request, host, plan, attempt)

@@ -535,3 +535,19 @@ async def test_refused_originals_earn_no_retry_budget() -> None:
                 await client.get("http://b.test/x")
     budget = transport.hosts.get("http://b.test:80").budget
     assert budget.snapshot(clock.t)["originals_total"] == 0
+
+
+async def test_client_section_sums_the_budget() -> None:
+    """The snapshot's client section has totals, a budget summary and each host's state."""
+    from ballast_asgi.client import client_section
+
+    clock = FakeClock()
+    transport = _transport(clock, Recorder(clock, 502, 200))
+    async with httpx.AsyncClient(transport=transport) as client:
+        await client.get("http://budget-sum.test/x")
+    section = client_section()
+    assert section["budget"]["granted"] >= 1
+    assert section["budget"]["balance"] >= 0.0
+    host = section["hosts"]["http://budget-sum.test:80"]
+    assert host["retry_budget"]["retries_in_window"] == 1
+    assert section["retried"] >= 1 and section["transports"] >= 1

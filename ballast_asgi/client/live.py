@@ -40,8 +40,14 @@ def transports() -> list[Any]:
 
 
 def client_section() -> dict[str, Any]:
-    """The ``client`` section: totals over every live transport and each host's state."""
+    """The ``client`` section: totals over every live transport and each host's state.
+
+    ``budget`` sums the hosts' retry budgets: ``balance`` (retries they would
+    grant now), ``granted`` / ``denied`` (totals), ``hosts_exhausted`` (hosts
+    with less than one retry left).
+    """
     section: dict[str, Any] = {"transports": 0, **dict.fromkeys(_TOTALS, 0), "hosts": {}}
+    budget = {"balance": 0.0, "granted": 0, "denied": 0, "hosts_exhausted": 0}
     for transport in transports():
         doc = transport.snapshot()
         section["transports"] += 1
@@ -52,4 +58,10 @@ def client_section() -> dict[str, Any]:
             while name in section["hosts"]:
                 name, n = f"{key}#{n}", n + 1
             section["hosts"][name] = state
+            balance = state["retry_budget"]["balance"]
+            budget["balance"] += balance
+            budget["hosts_exhausted"] += balance < 1.0
+    budget["granted"], budget["denied"] = section["retried"], section["retry_denied"]
+    budget["balance"] = round(budget["balance"], 3)
+    section["budget"] = budget
     return section

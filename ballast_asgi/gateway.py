@@ -140,7 +140,8 @@ class Gateway:
     def _compose(self, config: GatewayConfig) -> ASGIApp:
         terminal: ASGIApp = self.proxy
         if self.canary is not None:
-            terminal = CanaryMiddleware(self.proxy, self.canary.selector)
+            terminal = CanaryMiddleware(self.proxy, self.canary.selector,
+                                        header=config.canary.version_header)  # fmt: skip
         logged = config.access_log.enabled
         inner = AccessLog.inner(terminal) if logged else terminal
         stack = build_stack(inner, self.parts, config, retries=True)

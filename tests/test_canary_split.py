@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 from hypothesis import given
@@ -40,8 +41,8 @@ def test_weight_zero_sends_everyone_to_stable() -> None:
 
 
 def test_the_share_matches_the_weight() -> None:
-    """Over 20,000 distinct request ids, 10 % +- 1 % go to the canary."""
-    split = Split()
+    """Over 20,000 distinct sticky values, 10 % +- 1 % go to the canary."""
+    split = Split(use_request_id=True)
     n = 20_000
     canary = sum(
         split.choose([(b"x-request-id", str(i).encode())], 0.1) is Version.CANARY for i in range(n)
@@ -50,8 +51,8 @@ def test_the_share_matches_the_weight() -> None:
 
 
 def test_key_order_cookie_then_header_then_request_id() -> None:
-    """The sticky cookie wins over the sticky header, which wins over X-Request-Id."""
-    split = Split(sticky_header="X-User", sticky_cookie="sid")
+    """The sticky cookie wins over the sticky header, which wins over X-Request-Id (opted in)."""
+    split = Split(sticky_header="X-User", sticky_cookie="sid", use_request_id=True)
     both = [(b"x-request-id", b"r"), (b"x-user", b"u"), (b"cookie", b"sid=c")]
     assert split.key(both) == b"c:c"
     assert split.key(both[:2]) == b"h:u"
@@ -65,3 +66,35 @@ def test_a_request_without_key_is_random_but_seeded() -> None:
     a = [first.choose([], 0.5) for _ in range(50)]
     assert a == [second.choose([], 0.5) for _ in range(50)]
     assert set(a) == {Version.STABLE, Version.CANARY}
+
+
+def test_request_ids_do_not_decide_the_split_by_default() -> None:
+    """Without canary.sticky_request_id a client's X-Request-Id is no key (issue 27)."""
+    assert Split().key([(b"x-request-id", b"r")]) is None
+    assert Split(sticky_header="X-User").key([(b"x-request-id", b"r")]) is None
+
+
+def _old_public_point(key: bytes) -> float:
+    """The point the split used to give a key: keyed by a constant anyone could read."""
+    salt = hashlib.blake2b(b"ballast-canary", digest_size=16).digest()
+    digest = hashlib.blake2b(key, digest_size=8, key=salt).digest()
+    return int.from_bytes(digest, "big") / float(2**64)
+
+
+def test_the_point_of_a_key_is_secret() -> None:
+    """A client cannot compute offline which values land on a 2 % canary (secret salt)."""
+    chosen = [b"h:u%d" % i for i in range(20_000) if _old_public_point(b"h:u%d" % i) < 0.02]
+    assert len(chosen) > 300
+    for split in (Split(sticky_header="X-User"), Split(salt="a-deployment-secret-1")):
+        on_canary = sum(split.point(k) < 0.02 for k in chosen)
+        assert on_canary < 0.1 * len(chosen)  # ~2 %, as for any values
+
+
+def test_gateways_sharing_a_salt_agree_and_others_do_not() -> None:
+    """Same canary.salt, same point (several gateways); another salt, another split."""
+    keys = [b"c:%d" % i for i in range(200)]
+    one, two = Split(salt="shared-secret-0123"), Split(salt="shared-secret-0123")
+    other = Split(salt="another-secret-456")
+    assert [one.point(k) for k in keys] == [two.point(k) for k in keys]
+    assert [one.point(k) for k in keys] != [other.point(k) for k in keys]
+    assert "shared-secret" not in repr(one)

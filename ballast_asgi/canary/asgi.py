@@ -2,9 +2,11 @@
 
 ``CanaryRuntime`` builds the pieces from ``CanaryConfig`` around the stable
 selector. ``CanaryMiddleware`` sits right outside the proxy: it gives each
-attempt an ``Assignment`` (the sticky key) through a context variable and
-adds ``X-Ballast-Version: stable|canary`` to the response head of the
-version that served it. ``CanaryAdmin`` gives the ``AdminRouter`` its routes
+attempt an ``Assignment`` (the sticky key and the resolved client address,
+the key of the per-client evidence budget) through a context variable and,
+with ``canary.version_header`` (default on), adds
+``X-Ballast-Version: stable|canary`` to the response head of the version
+that served it. ``CanaryAdmin`` gives the ``AdminRouter`` its routes
 (so ``admin.on_traffic_port`` and ``admin.token_required`` apply):
 ``GET {prefix}/canary`` (always; ``state: none`` without a canary) and
 ``POST {prefix}/canary/promote`` and ``.../rollback`` behind the admin bearer
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ballast_asgi.admin import Route, _allow, _authorized
 from ballast_asgi.canary.blocks import LatencyBaseline, Version
+from ballast_asgi.canary.clients import ClientBudget
 from ballast_asgi.canary.history import StableHistory
 from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
 from ballast_asgi.canary.log import announce
@@ -30,6 +33,7 @@ from ballast_asgi.canary.rollout import RampPlan, Rollout, State
 from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
 from ballast_asgi.canary.split import Split
 from ballast_asgi.config.models import CanaryConfig, GatewayConfig
+from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.metrics import LATENCY_BUCKETS
 from ballast_asgi.middleware.responses import send_json
@@ -69,11 +73,15 @@ class CanaryRuntime:
         baseline = LatencyBaseline(quantile=config.latency_quantile)
         self.rollout = Rollout(judge, now=clock(), weight=config.weight, plan=plan,
                                baseline=baseline)  # fmt: skip
+        salt = config.salt.get_secret_value() if config.salt is not None else None
         split = Split(sticky_header=config.sticky_header, sticky_cookie=config.sticky_cookie,
-                      rng=rng)  # fmt: skip
+                      salt=salt, use_request_id=config.sticky_request_id, rng=rng)  # fmt: skip
         canary = canary_selector(urls, gateway, clock=clock, rng=rng or random.Random())
+        #: One client's judged outcomes per block are capped (docs/canary.md, threat model).
+        self.budget = ClientBudget(config.max_outcomes_per_client, max_clients=config.max_clients)
         self.selector = CanarySelector(stable, canary, self.rollout, split, clock=clock,
-                                       on_record=self._count, history=self.history)  # fmt: skip
+                                       on_record=self._count, history=self.history,
+                                       budget=self.budget)  # fmt: skip
         self._metrics(registry)
 
     def _metrics(self, r: CollectorRegistry) -> None:
@@ -87,6 +95,8 @@ class CanaryRuntime:
                       registry=r)  # fmt: skip
         for s in State:
             state.labels(s.value).set_function(self._is_state(s))
+        Gauge("ballast_canary_client_capped", "Outcomes not judged: their client's cap was used.",
+              registry=r).set_function(lambda: self.budget.dropped)  # fmt: skip
         judge = self.rollout.judge
         if isinstance(judge, SequentialJudge):
             e = Gauge("ballast_canary_log_e_value", "The sequential judge's log e-value.",
@@ -113,6 +123,7 @@ class CanaryRuntime:
         shown = [u.display for u in self.selector.canary.upstreams()]
         doc["upstream"] = shown[0] if shown else None
         doc["upstreams"] = shown
+        doc["client_capped"] = self.budget.dropped
         judge = self.rollout.judge
         if isinstance(judge, FixedHorizonJudge):
             doc["horizon_s"] = judge.horizon_s
@@ -120,18 +131,25 @@ class CanaryRuntime:
 
 
 class CanaryMiddleware:
-    """Gives each attempt its sticky key and labels the response with the version."""
+    """Gives each attempt its sticky key and client; labels the response with the version."""
 
-    def __init__(self, app: ASGIApp, selector: CanarySelector) -> None:
+    def __init__(self, app: ASGIApp, selector: CanarySelector, *, header: bool = True) -> None:
         self.app = app
         self.selector = selector
+        self.header = header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        assignment = self.selector.assign(scope["headers"])
+        assignment = self.selector.assign(scope["headers"], client_ip(scope))
         token = ASSIGNMENT.set(assignment)
+        if not self.header:
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                ASSIGNMENT.reset(token)
+            return
 
         async def labelled(message: Message) -> None:
             if message["type"] == "http.response.start" and assignment.version is not None:

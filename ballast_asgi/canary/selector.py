@@ -10,6 +10,8 @@ selector. ``report`` hands the attempt's outcome to the chosen selector and
 counts it for the judge: 5xx, timeouts, connect and protocol errors are
 errors; a success's time to the response head is its latency; deadline
 misses, clients gone and the gateway's own refusals count for neither.
+With a ``ClientBudget`` one client's outcomes count at most ``per_window``
+times per judge block (``clients.py``); the rest are served but not judged.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ballast_asgi.canary.blocks import Version
+from ballast_asgi.canary.clients import ClientBudget
 from ballast_asgi.canary.history import StableHistory
 from ballast_asgi.canary.log import announce
 from ballast_asgi.canary.rollout import Rollout, State
@@ -45,10 +48,12 @@ RecordHook = Callable[[Version, bool, "float | None"], None]
 
 @dataclass(slots=True)
 class Assignment:
-    """One request's sticky key and the version its latest attempt went to."""
+    """One request's sticky key, its client and the version its latest attempt went to."""
 
     key: bytes | None
     version: Version | None = None
+    #: The resolved client address (the per-client evidence budget's key).
+    client: str | None = None
 
 
 ASSIGNMENT: contextvars.ContextVar[Assignment | None] = contextvars.ContextVar(
@@ -69,6 +74,7 @@ class CanarySelector:
         clock: Clock = time.monotonic,
         on_record: RecordHook | None = None,
         history: StableHistory | None = None,
+        budget: ClientBudget | None = None,
     ) -> None:
         self.stable = stable
         self.canary = canary
@@ -77,10 +83,11 @@ class CanarySelector:
         self.clock = clock
         self._on_record = on_record
         self.history = history
+        self.budget = budget
 
-    def assign(self, headers: RawHeaders) -> Assignment:
-        """A request's assignment (its key; the version is decided per attempt)."""
-        return Assignment(self.split.key(headers))
+    def assign(self, headers: RawHeaders, client: str | None = None) -> Assignment:
+        """A request's assignment (its key and client; the version is decided per attempt)."""
+        return Assignment(self.split.key(headers), client=client)
 
     def version_for(self, assignment: Assignment | None) -> Version:
         """The version this attempt goes to at the current weight."""
@@ -124,6 +131,11 @@ class CanarySelector:
             self._remember(upstream, failed, latency, now)
         if self.rollout.state is not State.RUNNING:
             return
+        if self.budget is not None:
+            self.rollout.tick(now)  # the block this outcome falls in
+            client = assignment.client if assignment is not None else None
+            if not self.budget.admit(client, self.rollout.recorder.start):
+                return
         self.rollout.record(version, failed, latency, now)
         if self.rollout.state is not State.RUNNING:
             announce(self.rollout)  # the run just ended (docs/operations.md)

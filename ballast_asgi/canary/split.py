@@ -1,24 +1,36 @@
-"""Which version serves a request: a weighted split that keeps a user on one version.
+"""Which version serves a request: a weighted split the client cannot steer.
 
 The key is, in order: the sticky cookie's value, the sticky header's value,
-then ``X-Request-Id`` (so a retried request stays on its version). A key is
-hashed with a salt to a point ``u`` in [0, 1); the request goes to the canary
-when ``u < weight``. Because the point does not depend on the weight, raising
-the weight (a ramp step) only moves stable users to the canary, never back,
-and a rollback (weight 0) sends everyone to stable. A request without any key
-draws ``u`` from the injected ``random.Random``.
+then (only with ``use_request_id``, off by default) ``X-Request-Id``. A key is
+hashed with a keyed BLAKE2b under a *secret* to a point ``u`` in [0, 1); the
+request goes to the canary when ``u < weight``. Because the point does not
+depend on the weight, raising the weight (a ramp step) only moves stable users
+to the canary, never back, and a rollback (weight 0) sends everyone to stable.
+A request without any key draws ``u`` from the injected ``random.Random``, so
+by default every request is an independent draw (issue 27: a client that
+could pick its key offline put 50 of 50 requests on a 2 % canary).
+
+The secret is ``canary.salt`` when configured (several gateways that must
+agree share it), else ``PROCESS_SECRET``: 32 random bytes drawn when this
+module is first imported, i.e. once per start of the gateway process and
+inherited by ``--workers`` children (they fork after the parent imported it),
+so the workers of one gateway agree. It is never logged or shown.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import secrets
 
 from ballast_asgi.canary.blocks import Version
 from ballast_asgi.core.types import RawHeaders
 
 _REQUEST_ID = b"x-request-id"
 _SCALE = float(2**64)
+
+#: The split's secret when ``canary.salt`` is not configured (one per process start).
+PROCESS_SECRET = secrets.token_bytes(32)
 
 
 class Split:
@@ -29,28 +41,35 @@ class Split:
         *,
         sticky_header: str | None = None,
         sticky_cookie: str | None = None,
-        salt: str = "ballast-canary",
+        salt: str | None = None,
+        use_request_id: bool = False,
         rng: random.Random | None = None,
     ) -> None:
         self._header = sticky_header.lower().encode("latin-1") if sticky_header else None
         self._cookie = sticky_cookie.encode("latin-1") if sticky_cookie else None
-        self._salt = hashlib.blake2b(salt.encode(), digest_size=16).digest()
+        secret = PROCESS_SECRET if salt is None else salt.encode()
+        self._salt = hashlib.blake2b(secret, digest_size=32).digest()
+        self._request_id = _REQUEST_ID if use_request_id else None
         self._rng = rng or random.Random()
 
+    def __repr__(self) -> str:
+        return f"Split(header={self._header!r}, cookie={self._cookie!r}, salt=<secret>)"
+
     def key(self, headers: RawHeaders) -> bytes | None:
-        """The request's sticky key (cookie, then header, then request id), or None."""
+        """The request's sticky key (cookie, then header, then request id if enabled), or None."""
         found: dict[bytes, bytes] = {}
+        wanted = tuple(n for n in (self._header, self._request_id) if n is not None)
         for name, value in headers:
             lname = name.lower()
             if lname == b"cookie" and self._cookie is not None:
                 sticky = _cookie_value(value, self._cookie)
                 if sticky:
                     return b"c:" + sticky
-            elif lname in (self._header, _REQUEST_ID) and value:
+            elif lname in wanted and value:
                 found.setdefault(lname, value)
-        for wanted in (self._header, _REQUEST_ID):
-            if wanted is not None and wanted in found:
-                return b"h:" + found[wanted]
+        for name in wanted:
+            if name in found:
+                return b"h:" + found[name]
         return None
 
     def point(self, key: bytes | None) -> float:
@@ -75,4 +94,4 @@ def _cookie_value(header: bytes, name: bytes) -> bytes | None:
     return None
 
 
-__all__ = ["Split"]
+__all__ = ["PROCESS_SECRET", "Split"]

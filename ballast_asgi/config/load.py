@@ -207,6 +207,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         out["limiter.fixed_limit"] = value
     if env.get("BALLAST_REDIS_URL"):
         out["rate_limit.redis_url"] = env["BALLAST_REDIS_URL"]
+    if env.get("BALLAST_CANARY_SALT"):  # the split's secret, kept out of config files
+        out["canary.salt"] = env["BALLAST_CANARY_SALT"]
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ballast_asgi.canary.config import CanarySequentialConfig
 from ballast_asgi.config.base import Frozen, check_url
@@ -150,6 +150,8 @@ class UpstreamsConfig(Frozen):
     outlier: OutlierConfig = OutlierConfig()
 
 
+#: The shortest ``canary.salt`` accepted.
+MIN_SALT_CHARS = 16
 #: At most this many instances in one pool (bounds the metrics' instance label).
 MAX_INSTANCES = 64
 #: Union tags of ``upstream`` (left out of error locations by ``format_validation_error``).
@@ -191,9 +193,22 @@ class CanaryConfig(Frozen):
     rule: Literal["sequential", "fixed_horizon", "threshold"] = "sequential"
     #: False-rollback probability the rule allows (split by sequential.error_share).
     alpha: float = Field(0.01, gt=0.0, le=0.2)
-    #: Keep one user on one version by this header's or cookie's value (else X-Request-Id).
+    #: Keep one user on one version by this header's or cookie's value (else: each
+    #: request its own draw). The value is hashed under ``salt``, so a client cannot
+    #: compute which values land on the canary.
     sticky_header: str | None = None
     sticky_cookie: str | None = None
+    #: Let X-Request-Id keep a request on its version (off: a client picks its ids).
+    sticky_request_id: bool = False
+    #: The split's secret (>= 16 characters; or BALLAST_CANARY_SALT). None: 32 random
+    #: bytes per gateway start (its workers share them). Set it so several gateways agree.
+    salt: SecretStr | None = None
+    #: Add X-Ballast-Version: stable|canary to responses.
+    version_header: bool = True
+    #: Outcomes of one client (resolved address) the judge counts per 1 s block.
+    max_outcomes_per_client: int = Field(100, ge=1, le=1_000_000)
+    #: Clients tracked per block; later ones share one entry (and its cap).
+    max_clients: int = Field(10_000, ge=1, le=1_000_000)
     #: Slow = over this quantile of the stable version's recent latency.
     latency_quantile: float = Field(0.99, ge=0.5, lt=1.0)
     #: The fixed_horizon rule's test time.
@@ -210,6 +225,13 @@ class CanaryConfig(Frozen):
             raise ValueError("a list of canary URLs must not be empty (use null for no canary)")
         urls = tuple(_canary_url(u) for u in v)
         return urls[0] if len(urls) == 1 else urls
+
+    @model_validator(mode="after")
+    def _salt(self) -> CanaryConfig:
+        # after-validation: the error's input is the section, never the secret itself
+        if self.salt is not None and len(self.salt.get_secret_value()) < MIN_SALT_CHARS:
+            raise ValueError(f"salt must be at least {MIN_SALT_CHARS} characters (not shown)")
+        return self
 
 
 def _canary_url(v: str) -> str:

@@ -18,8 +18,9 @@ here; raw results go to `runs/canary-*/results.json`.{provenance}
 
 ## The rule in brief
 
-The gateway splits traffic between `stable` and `canary` (a weight, sticky
-per cookie / header / `X-Request-Id`), cuts time into 1 s blocks and counts,
+The gateway splits traffic between `stable` and `canary` (a weight; sticky
+per cookie or header value under a secret salt, else a fresh draw per
+request: see the threats below), cuts time into 1 s blocks and counts,
 per block and version, requests, errors (5xx, connect failures, timeouts)
 and *slow* successes (over the stable version's p99 of the previous 30 s).
 The sequential judge asks, for each block, which version the block's errors
@@ -107,7 +108,8 @@ passive ejection; no active probes, which need the stable pool's lifespan).
 The judge still compares versions; an error burst on one of several canary
 instances is averaged with the others, as on stable.
 Every key is in `examples/ballast.example.yaml`. Responses carry
-`X-Ballast-Version: stable|canary`. `GET /_ballast/canary` returns `state`
+`X-Ballast-Version: stable|canary` (`canary.version_header`, default on).
+`GET /_ballast/canary` returns `state`
 (`running`, `rolled_back`, `promoted`, or `none`), `weight`, `counts` per
 version, the current `statistic` (log e-values and their bounds) and, once
 decided, the `decision` with its reason and evidence. `POST
@@ -120,8 +122,57 @@ one promotes (with `rule: fixed_horizon`, not before its test at the horizon
 ran: a shorter ramp holds its last step until then).
 Metrics: `ballast_canary_requests_total{{version,result}}`,
 `ballast_canary_latency_seconds{{version}}`, `ballast_canary_weight`,
-`ballast_canary_state{{state}}`, `ballast_canary_log_e_value{{metric}}`.
+`ballast_canary_state{{state}}`, `ballast_canary_log_e_value{{metric}}`,
+`ballast_canary_client_capped`.
 Canary settings need a restart (a reload that changes them is refused).
+
+## Threats: what one client can and cannot do
+
+A client is not trusted to pick its version or to outweigh others in the
+judge. Before (issue 27) the split hashed `X-Request-Id` with a constant
+salt: ids computed offline put 50 of 50 requests on a 2 % canary, and
+500-inducing requests sent through them rolled a good canary back in 11 s
+(the reverse, successes through canary ids, would hide a bad one).
+
+* *Choosing a version offline: cannot.* Sticky values (the cookie's, the
+  header's) are hashed by keyed BLAKE2b under a secret: `canary.salt` (or
+  the environment's `BALLAST_CANARY_SALT`; at least 16 characters; give
+  several gateways the same value so they split alike), else 32 random bytes
+  drawn at each gateway start and shared by its `--workers` (a restart then
+  re-splits sticky users; configure the salt to keep them). The secret is
+  never logged, never in `/_ballast/snapshot` or `/_ballast/canary`, and a
+  config error about it does not echo it. `X-Request-Id` keys nothing unless
+  `canary.sticky_request_id: true`. With no sticky key configured (the
+  default) every request is a fresh random draw: a client can neither keep
+  nor find a version.
+* *Finding a version online: only with a configured sticky key.* A client
+  can try sticky values and keep those the canary answered (the version
+  header says so; versions that differ observably say so anyway): it can
+  keep a version, not compute one. `canary.version_header: false` removes
+  the easy signal. The header stays on by default because the SPEC names it
+  and operators read it, and with no sticky key it only tells a client which
+  version answered a request it cannot repeat.
+* *Sinking a good canary, masking a bad one: bounded.* Each 1 s judge block
+  counts at most `canary.max_outcomes_per_client` (default 100) outcomes of
+  one client, keyed by the resolved address (`proxy.trusted_proxies` decides
+  it, as for rate limits); the rest are served but not judged
+  (`client_capped` in `/_ballast/canary`, `ballast_canary_client_capped` in
+  the metrics). Which outcomes count depends on arrival order only, never on
+  the version or the result, so the judge's guarantee is unchanged. The
+  table holds at most `canary.max_clients` (default 10,000) clients per
+  block; later ones share one entry and its cap, so many addresses do not
+  grow memory.
+* *What remains.* A client that found canary sticky values online still
+  adds up to its cap per block of one-sided evidence, and a rule that must
+  catch +5 pp in seconds cannot tell that from a regression; many addresses
+  get a cap each. Without a sticky key, failing requests are spread by the
+  split like an outage on both versions, which the judge does not count.
+* *Tested* (`tests/test_canary_threats.py`, in-process, simulated clock): 50
+  ids computed offline for a 2 % canary put at most 5 requests there (were
+  50); 1,000 500-inducing requests through those ids beside normal traffic
+  for 150 simulated seconds leave a good canary running (rolled back at
+  10.5 s before); a client with canary sticky values sends 100 failures in
+  one second and 5 count at a cap of 5.
 
 ## The simulated conditions
 

@@ -26,6 +26,10 @@ written until the response completes, the loop turns (``call_soon``), 64 KiB
 are pending, or anything else touches the transport, and then writes it at
 once, in order.
 
+With TLS (``server.ssl_certfile``) the handshake is done by
+``ballast_asgi.serve_tls``: bounded by ``header_timeout_ms``, counted against
+``max_connections`` from accept, and the head timer runs from accept.
+
 The ``ballast`` CLI always uses it; ``uvicorn ballast_asgi.gateway:app`` gets
 it too (``ballast_asgi.gateway`` adopts uvicorn's config when it is imported
 by uvicorn), and a hand-written server can pass
@@ -49,6 +53,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.core.types import Message, Send
+from ballast_asgi.serve_tls import server_ssl_context, tls_front
 
 __all__ = [
     "GuardedHttpToolsProtocol",
@@ -165,11 +170,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_since: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._joined: JoinedWrites | None = None
+        #: Loop time the connection was accepted, when that was before ``connection_made``
+        #: (set by ``serve_tls.TlsFront``: the handshake counts against the head timeout).
+        self.accepted_at: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._joined = JoinedWrites(transport, self.loop)
-        self._head_begins()
+        self._head_begins(self.accepted_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_since = None
@@ -212,7 +220,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
 
-    def _head_begins(self) -> None:
+    def _head_begins(self, since: float | None = None) -> None:
         """Start timing a head; arm the connection's one timer only when none is pending.
 
         The timer is lazy: a head that completes in time does not cancel it
@@ -221,7 +229,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         one timer per ``header_timeout_s``, not a ``call_later`` + ``cancel``
         per request (issue 18).
         """
-        self._head_since = self.loop.time()
+        self._head_since = self.loop.time() if since is None else since
         if self._head_timer is None:
             self._arm(self._head_since + self.header_timeout_s)
 
@@ -296,18 +304,24 @@ _UVICORN_WS_MAX_QUEUE = 32
 def uvicorn_settings(
     server: ServerConfig, websocket: WebSocketConfig | None = None
 ) -> dict[str, Any]:
-    """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these)."""
+    """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these).
+
+    With ``server.ssl_certfile`` uvicorn serves plain TCP and the ``http`` class
+    is a ``serve_tls.TlsFront`` doing the handshake under the server's guards.
+    """
+    http: type[asyncio.Protocol] = guarded_protocol(server)
+    if server.ssl_certfile:
+        context = server_ssl_context(server.ssl_certfile, server.ssl_keyfile, http)
+        http = tls_front(http, context, server.header_timeout_ms / 1000.0)
     return {
         **websocket_settings(websocket or WebSocketConfig()),
-        "http": guarded_protocol(server),
+        "http": http,
         "proxy_headers": False,
         "server_header": False,
         "date_header": False,
         "timeout_keep_alive": server.keep_alive_ms / 1000.0,
         "limit_concurrency": server.max_connections,
         "timeout_graceful_shutdown": server.shutdown_timeout_ms / 1000.0,
-        "ssl_certfile": server.ssl_certfile,
-        "ssl_keyfile": server.ssl_keyfile,
     }
 
 
@@ -322,7 +336,8 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     httptools protocol, uvicorn's per-request access log off unless
     ``--access-log`` (or ``UVICORN_ACCESS_LOG``) asked for it (one log record
     per request was about 7 % of the gateway's CPU at saturation; the
-    gateway's own is ``access_log.enabled``), and the keep-alive and
+    gateway's own is ``access_log.enabled``), with ``--ssl-certfile`` the TLS
+    handshake done by ``serve_tls`` (bounded and counted), and the keep-alive and
     connection cap of the ``server`` section where uvicorn's flags were left
     at their defaults, and so are the websocket protocol (paced), message size
     and queue (``websocket_settings``). Returns whether a uvicorn config was found.
@@ -345,6 +360,10 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
         _access_log_off(config)
     if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
         config.http_protocol_class = guarded_protocol(server)
+    if getattr(config, "ssl", None) is not None:  # --ssl-certfile: the handshake under guards
+        timeout_s = server.header_timeout_ms / 1000.0
+        config.http_protocol_class = tls_front(config.http_protocol_class, config.ssl, timeout_s)
+        config.ssl = None
     if config.timeout_keep_alive == _UVICORN_KEEP_ALIVE_S:
         config.timeout_keep_alive = server.keep_alive_ms / 1000.0
     if config.limit_concurrency is None:

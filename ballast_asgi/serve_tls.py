@@ -21,13 +21,17 @@ by ``tls_front``); the front
   ClientHellos holds at most that many sockets, and a client whose handshake
   completes in the meantime is served. Established connections are never
   closed for room; above the cap they get uvicorn's 503 per request as before;
-* upgrades with ``loop.start_tls(..., server_side=True,
-  ssl_handshake_timeout=header_timeout)`` (public asyncio API, also in
-  uvloop), so a handshake never takes longer than ``server.header_timeout_ms``;
-* hands the TLS transport to the HTTP protocol (the guarded one, see
-  ``serve.py``) with the accept time, so the head timer runs from accept:
-  handshake and first request head together get ``header_timeout_ms``
-  (bytes the TLS layer delivered before that are replayed, ``_Handoff``).
+* installs the TLS layer in ``connection_made``, before the first read,
+  exactly as ``loop.create_server(ssl=...)`` does (the loop's own
+  ``SSLProtocol``: uvloop's on uvloop, ``asyncio.sslproto``'s otherwise; the
+  public ``loop.start_tls`` runs in a task, and uvloop starts reading before
+  that task does, so a ClientHello could reach nobody), with
+  ``ssl_handshake_timeout = header_timeout``: a handshake never takes longer
+  than ``server.header_timeout_ms``;
+* gives the HTTP protocol (the guarded one, see ``serve.py``) the accept
+  time, so the head timer runs from accept: handshake and first request
+  head together get ``header_timeout_ms``. The TLS layer calls its
+  ``connection_made`` when the handshake completes, before any request byte.
 
 The context is uvicorn's own (``uvicorn.config.create_ssl_context`` with
 uvicorn's defaults: same versions, ciphers and ALPN as before).
@@ -36,6 +40,7 @@ uvicorn's defaults: same versions, ciphers and ALPN as before).
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import ssl
 import weakref
@@ -68,8 +73,20 @@ def server_ssl_context(
                               ca_certs=None, ciphers=None, alpn_protocols=alpn)  # fmt: skip
 
 
+def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:
+    """The TLS protocol ``loop.create_server(ssl=...)`` itself uses on this loop."""
+    try:
+        import uvloop
+        import uvloop.loop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        return asyncio.sslproto.SSLProtocol
+    if isinstance(loop, uvloop.Loop):
+        return uvloop.loop.SSLProtocol  # type: ignore[attr-defined]
+    return asyncio.sslproto.SSLProtocol
+
+
 class TlsFront(asyncio.Protocol):
-    """One accepted connection until its TLS handshake completes; then the HTTP protocol's."""
+    """One accepted connection: installs the TLS layer at once, counted until its handshake ends."""
 
     #: The HTTP protocol class (uvicorn's keyword arguments) that serves after the handshake.
     inner: ClassVar[Callable[..., asyncio.Protocol]]
@@ -90,16 +107,25 @@ class TlsFront(asyncio.Protocol):
         self.limit: int | None = config.limit_concurrency
         self.accepted_at = self.loop.time()
         self.transport: asyncio.Transport | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        transport.pause_reading()  # the TLS layer reads first (start_tls resumes)
-        self.transport = transport
+        """Swap in the TLS layer before the first read (as ``create_server(ssl=)`` does)."""
+        raw = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport = raw
         table = handshakes_in_progress(self.server_state)
         self._make_room(table)
         table[self] = None
-        self._task = self.loop.create_task(self._handshake(transport))
+        app = self.inner(**self._kwargs)
+        with contextlib.suppress(AttributeError):
+            app.accepted_at = self.accepted_at  # type: ignore[attr-defined]
+        waiter = self.loop.create_future()
+        waiter.add_done_callback(self._handshake_done)
+        tls = _ssl_protocol_class(self.loop)(
+            self.loop, app, self.context, waiter, server_side=True,
+            ssl_handshake_timeout=self.handshake_timeout_s,
+        )  # fmt: skip
+        raw.set_protocol(tls)
+        tls.connection_made(raw)  # starts the handshake and its timeout
 
     def _make_room(self, table: dict[TlsFront, None]) -> None:
         """Close the oldest handshakes until this one fits under the connection cap."""
@@ -109,81 +135,16 @@ class TlsFront(asyncio.Protocol):
             next(iter(table)).abort()
 
     def abort(self) -> None:
-        """Give up this handshake now (closed for room, or the connection went away)."""
+        """Give up this handshake now (closed to make room)."""
         handshakes_in_progress(self.server_state).pop(self, None)
-        if self._task is not None and not self._task.done():
-            self._task.cancel()  # first: the handshake's waiter is cancelled, not answered
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        # Only before start_tls took the transport over (the TLS layer gets it after).
-        self.abort()
-
-    async def _handshake(self, raw: asyncio.Transport) -> None:
-        handoff = _Handoff()
-        try:
-            tls = await self.loop.start_tls(
-                raw, handoff, self.context, server_side=True,
-                ssl_handshake_timeout=self.handshake_timeout_s,
-            )  # fmt: skip
-        except (Exception, asyncio.CancelledError):  # failed, timed out, or closed for room
-            tls = None
-        finally:
-            handshakes_in_progress(self.server_state).pop(self, None)
-        if tls is None or handoff.lost:  # e.g. the peer closed during the handshake
-            if not raw.is_closing():
-                raw.abort()
-            return
-        app = self.inner(**self._kwargs)
-        with contextlib.suppress(AttributeError):
-            app.accepted_at = self.accepted_at  # type: ignore[attr-defined]
-        tls.set_protocol(app)
-        app.connection_made(tls)
-        handoff.replay(app, tls)
-
-
-class _Handoff(asyncio.Protocol):
-    """The TLS layer's protocol between the handshake and the HTTP protocol's ``connection_made``.
-
-    The TLS layer may deliver the first request's bytes as soon as the
-    handshake completes, before the task awaiting ``start_tls`` runs; they
-    are kept here and replayed, in order, once the HTTP protocol has the
-    transport.
-    """
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.eof = False
-        self.lost = False
-        self.paused = False
-
-    def data_received(self, data: bytes) -> None:
-        self.chunks.append(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        return True  # keep the transport; the HTTP protocol decides on replay
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-
-    def replay(self, app: asyncio.Protocol, tls: asyncio.Transport) -> None:
-        """What came meanwhile, to ``app`` (just given the transport)."""
-        if self.paused:
-            app.pause_writing()
-        for chunk in self.chunks:
-            if tls.is_closing():
-                return
-            app.data_received(chunk)
-        if self.eof and not tls.is_closing() and not app.eof_received():
-            tls.close()
+    def _handshake_done(self, waiter: asyncio.Future[None]) -> None:
+        """Completed, failed, timed out or aborted: no longer a handshake in progress."""
+        handshakes_in_progress(self.server_state).pop(self, None)
+        if not waiter.cancelled():
+            waiter.exception()  # retrieved: a failed handshake is the client's business
 
 
 def tls_front(

@@ -140,8 +140,10 @@ class Gateway:
     def _compose(self, config: GatewayConfig) -> ASGIApp:
         terminal: ASGIApp = self.proxy
         if self.canary is not None:
-            terminal = CanaryMiddleware(self.proxy, self.canary.selector,
-                                        header=config.canary.version_header)  # fmt: skip
+            c = config.canary
+            terminal = CanaryMiddleware(self.proxy, self.canary.selector, header=c.version_header,
+                                        cookie=c.signed_cookie,
+                                        cookie_max_age_s=c.signed_cookie_max_age_s)  # fmt: skip
         logged = config.access_log.enabled
         inner = AccessLog.inner(terminal) if logged else terminal
         stack = build_stack(inner, self.parts, config, retries=True)

@@ -98,3 +98,16 @@ def test_gateways_sharing_a_salt_agree_and_others_do_not() -> None:
     assert [one.point(k) for k in keys] == [two.point(k) for k in keys]
     assert [one.point(k) for k in keys] != [other.point(k) for k in keys]
     assert "shared-secret" not in repr(one)
+
+
+def test_a_signed_cookie_keeps_its_version_and_cannot_be_forged() -> None:
+    """The gateway's cookie verifies under its salt only; an altered id or MAC is no key."""
+    split = Split(signed_cookie="bv", salt="a-deployment-secret-1", rng=random.Random(3))
+    ident = split.new_ident()
+    value = split.sign(ident)
+    assert split.key([(b"cookie", b"a=1; bv=" + value)]) == b"s:" + ident
+    forged_id = b"0" * 32 + value[32:]
+    forged_mac = value[:-1] + (b"0" if value[-1:] != b"0" else b"1")
+    for bad in (forged_id, forged_mac, value + b"0", b"", b"x." + value):
+        assert split.key([(b"cookie", b"bv=" + bad)]) is None
+    assert Split(signed_cookie="bv", salt="another-secret-456").verified(value) is None

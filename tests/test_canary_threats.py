@@ -131,3 +131,35 @@ def test_the_salt_may_come_from_the_environment() -> None:
     first = load_config(env=env, overrides={"canary.upstream": "http://c.test"})
     assert first.canary.salt is not None and first.canary.salt.get_secret_value() == SALT
     assert first == load_config(env=env, overrides={"canary.upstream": "http://c.test"})
+
+
+def _cookie_of(response: httpx.Response) -> str | None:
+    """The signed canary cookie a response sets, as ``name=value``, or None."""
+    for line in response.headers.get_list("set-cookie"):
+        if line.startswith("bv="):
+            return line.split(";")[0]
+    return None
+
+
+async def test_the_signed_cookie_keeps_a_client_on_its_version_but_cannot_choose_it() -> None:
+    """canary.signed_cookie: issued once, then sticky; a forged value is ignored and replaced."""
+    clock = FakeClock()
+    gw = _gateway(clock, weight=0.5, signed_cookie="bv", salt=SALT)
+    async with _client(gw, "203.0.113.5") as c:
+        seen: dict[str, set[str]] = {}
+        for _ in range(12):  # twelve users, each keeping the cookie it was given
+            first = await c.get("/x", headers={"Cookie": ""})
+            cookie = _cookie_of(first)
+            assert cookie is not None and "HttpOnly" in first.headers["set-cookie"]
+            versions = {first.headers["x-ballast-version"]}
+            for _ in range(5):
+                again = await c.get("/x", headers={"Cookie": cookie})
+                assert _cookie_of(again) is None  # a valid cookie is not re-issued
+                versions.add(again.headers["x-ballast-version"])
+            seen[cookie] = versions
+        kept = next(iter(seen))
+        forged = kept[:-1] + ("1" if kept.endswith("0") else "0")
+        replaced = await c.get("/x", headers={"Cookie": forged})
+    assert all(len(v) == 1 for v in seen.values())  # each user stays on its version
+    assert {v for vs in seen.values() for v in vs} == {"stable", "canary"}
+    assert _cookie_of(replaced) not in (None, forged)

@@ -75,7 +75,8 @@ class CanaryRuntime:
                                baseline=baseline)  # fmt: skip
         salt = config.salt.get_secret_value() if config.salt is not None else None
         split = Split(sticky_header=config.sticky_header, sticky_cookie=config.sticky_cookie,
-                      salt=salt, use_request_id=config.sticky_request_id, rng=rng)  # fmt: skip
+                      salt=salt, use_request_id=config.sticky_request_id,
+                      signed_cookie=config.signed_cookie, rng=rng)  # fmt: skip
         canary = canary_selector(urls, gateway, clock=clock, rng=rng or random.Random())
         #: One client's judged outcomes per block are capped (docs/canary.md, threat model).
         self.budget = ClientBudget(config.max_outcomes_per_client, max_clients=config.max_clients)
@@ -131,12 +132,26 @@ class CanaryRuntime:
 
 
 class CanaryMiddleware:
-    """Gives each attempt its sticky key and client; labels the response with the version."""
+    """Gives each attempt its sticky key and client; labels the response with the version.
 
-    def __init__(self, app: ASGIApp, selector: CanarySelector, *, header: bool = True) -> None:
+    With ``cookie`` (``canary.signed_cookie``) a response to a request that had
+    no valid signed cookie sets one (``Path=/; HttpOnly; SameSite=Lax``,
+    ``Secure`` over https, ``Max-Age`` = ``cookie_max_age_s``).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        selector: CanarySelector,
+        *,
+        header: bool = True,
+        cookie: str | None = None,
+        cookie_max_age_s: int = 86_400,
+    ) -> None:
         self.app = app
         self.selector = selector
         self.header = header
+        self._cookie = f"{cookie}=%s; Path=/; Max-Age={cookie_max_age_s}; HttpOnly; SameSite=Lax"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -144,7 +159,7 @@ class CanaryMiddleware:
             return
         assignment = self.selector.assign(scope["headers"], client_ip(scope))
         token = ASSIGNMENT.set(assignment)
-        if not self.header:
+        if not self.header and assignment.issue is None:
             try:
                 await self.app(scope, receive, send)
             finally:
@@ -153,8 +168,13 @@ class CanaryMiddleware:
 
         async def labelled(message: Message) -> None:
             if message["type"] == "http.response.start" and assignment.version is not None:
-                value = self.selector.label(assignment.version).encode()
-                headers = [*message.get("headers", ()), (_HEADER, value)]
+                headers = list(message.get("headers", ()))
+                if self.header:
+                    headers.append((_HEADER, self.selector.label(assignment.version).encode()))
+                if assignment.issue is not None:
+                    cookie = self._cookie % assignment.issue.decode()
+                    secure = "; Secure" if scope.get("scheme") == "https" else ""
+                    headers.append((b"set-cookie", (cookie + secure).encode()))
                 message = {**message, "headers": headers}
             await send(message)
 

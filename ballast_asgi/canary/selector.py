@@ -54,6 +54,8 @@ class Assignment:
     version: Version | None = None
     #: The resolved client address (the per-client evidence budget's key).
     client: str | None = None
+    #: A signed cookie value to set on the response (a request without a valid one).
+    issue: bytes | None = None
 
 
 ASSIGNMENT: contextvars.ContextVar[Assignment | None] = contextvars.ContextVar(
@@ -86,8 +88,16 @@ class CanarySelector:
         self.budget = budget
 
     def assign(self, headers: RawHeaders, client: str | None = None) -> Assignment:
-        """A request's assignment (its key and client; the version is decided per attempt)."""
-        return Assignment(self.split.key(headers), client=client)
+        """A request's assignment (its key and client; the version is decided per attempt).
+
+        With a signed cookie configured, a request without a valid one gets a
+        fresh id as its key, and the cookie to keep it (``issue``).
+        """
+        key = self.split.key(headers)
+        if key is None and self.split.signs:
+            ident = self.split.new_ident()
+            return Assignment(b"s:" + ident, client=client, issue=self.split.sign(ident))
+        return Assignment(key, client=client)
 
     def version_for(self, assignment: Assignment | None) -> Version:
         """The version this attempt goes to at the current weight."""

@@ -200,6 +200,12 @@ class CanaryConfig(Frozen):
     sticky_cookie: str | None = None
     #: Let X-Request-Id keep a request on its version (off: a client picks its ids).
     sticky_request_id: bool = False
+    #: Issue a signed cookie of this name that keeps a client on its version
+    #: (an id the gateway drew + a MAC under ``salt``: kept, never chosen). Wins over
+    #: sticky_cookie/sticky_header. None: off.
+    signed_cookie: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: The signed cookie's Max-Age.
+    signed_cookie_max_age_s: int = Field(86_400, ge=60, le=31_536_000)
     #: The split's secret (>= 16 characters; or BALLAST_CANARY_SALT). None: 32 random
     #: bytes per gateway start (its workers share them). Set it so several gateways agree.
     salt: SecretStr | None = None

@@ -145,10 +145,17 @@ salt: ids computed offline put 50 of 50 requests on a 2 % canary, and
   `canary.sticky_request_id: true`. With no sticky key configured (the
   default) every request is a fresh random draw: a client can neither keep
   nor find a version.
-* *Finding a version online: only with a configured sticky key.* A client
-  can try sticky values and keep those the canary answered (the version
-  header says so; versions that differ observably say so anyway): it can
-  keep a version, not compute one. `canary.version_header: false` removes
+* *Keeping a version without choosing it: the signed cookie.* With
+  `canary.signed_cookie: NAME` the gateway draws an id for a request that
+  has no valid cookie, serves it at that id's (secret) point and sets
+  `NAME=<id>.<mac>` (`Path=/; HttpOnly; SameSite=Lax`, `Secure` over https,
+  `Max-Age` `canary.signed_cookie_max_age_s`, default 1 day); the MAC is
+  keyed BLAKE2b under the salt, so an altered or invented value is ignored
+  and replaced. It wins over `sticky_cookie` and `sticky_header`.
+* *Finding a version online: only with a sticky key.* A client can try
+  sticky values, or collect signed cookies, and keep those the canary
+  answered (the version header says so; versions that differ observably
+  say so anyway): it can keep a version, not compute one. `canary.version_header: false` removes
   the easy signal. The header stays on by default because the SPEC names it
   and operators read it, and with no sticky key it only tells a client which
   version answered a request it cannot repeat.

@@ -114,10 +114,10 @@ def test_breaker_transitions_are_logged(seen: list[Any], caplog: pytest.LogCaptu
     clock = FakeClock(0.0)
     gw = build_gateway(build_config({"upstream": "http://127.0.0.1:9"}), clock=clock)
     breaker = gw.parts.breaker
-    while breaker.state(clock()).value == "closed":
+    while breaker.state(clock()).value == "closed":  # an outage: not client-specific
         ticket = breaker.acquire(clock())
         assert ticket is not None
-        ticket.record(False, clock())
+        ticket.record(False, clock(), shared=True)
     assert gw.health()[1]["reasons"][0].startswith("breaker: open")
     clock.advance(60.0)
     probe = breaker.acquire(clock())

@@ -8,6 +8,7 @@ addresses opens the breaker and is answered 503 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.raw import get, status_of
 from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
@@ -110,3 +112,31 @@ def test_5xx_from_five_addresses_opens_the_breaker_of_that_route_only(
     assert shed and {r.status_code for r in shed} == {503}
     assert [r.status_code for r in seen[:10]] == [500] * 10
     assert healthy.status_code == 200 and "x-ballast-reason" not in healthy.headers
+
+
+def test_hostile_paths_cannot_grow_routes_labels_or_snapshot(tmp_path: Path) -> None:
+    """2,000 invented paths and raw odd targets: routes stay <= max_groups + 1, gateway serves."""
+    up_port = free_port()
+    config = tmp_path / "ballast.yaml"
+    config.write_text(f"upstream: http://127.0.0.1:{up_port}\nauto_routes: {{max_groups: 8}}\n")
+    server, thread = serve_in_thread(upstream, up_port)
+    rng = random.Random(11)
+    odd = ["/%FF%FE/x", "/%2e%2e/x", "/" + "a" * 5000, "/..;/x", "/\u00e9t\u00e9", "//", "/%00"]
+    try:
+        with uvicorn_gateway(config) as (base, _):
+            port = int(base.rsplit(":", 1)[1])
+            with httpx.Client(base_url=base, timeout=10) as c:
+                for i in range(2_000):
+                    seg = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0123456789-_.~", k=12))
+                    assert c.get(f"/{seg}/{i}").status_code == 200
+                statuses = [status_of(get(port, p.encode("utf-8").decode("latin-1"))) for p in odd]
+                snap = c.get("/_ballast/snapshot").json()
+                metrics = c.get("/_ballast/metrics").text
+                assert c.get("/get").status_code == 200
+    finally:
+        stop_thread(server, thread)
+    assert all(s in (200, 400, 404, 431) for s in statuses), statuses
+    assert len(snap["routes"]) <= 8 + 1
+    labels = {line.split('route="', 1)[1].split('"', 1)[0]
+              for line in metrics.splitlines() if 'route="' in line}  # fmt: skip
+    assert 1 < len(labels) <= 8 + 1

@@ -2,8 +2,8 @@
 
 Each line is one JSON object written with a single ``write`` to stdout::
 
-    {"ts": 1764590000.123, "method": "GET", "path": "/api", "status": 200,
-     "priority": "standard", "shed": null, "queue_wait_ms": 0.4,
+    {"ts": 1764590000.123, "method": "GET", "path": "/api", "route": "/api",
+     "status": 200, "priority": "standard", "shed": null, "queue_wait_ms": 0.4,
      "upstream": "http://10.0.0.7:8000", "duration_ms": 12.3}
 
 ``AccessLog`` wraps the whole gateway (it sees the status the client got and
@@ -11,7 +11,7 @@ the total duration); ``AccessLog.inner`` wraps the terminal app, where the
 request context exists, and hands it out through a holder in the scope (the
 stages pass shallow copies of the scope down, so the holder is shared).
 A request shed before the terminal app has no context: its reason comes from
-``X-Ballast-Reason`` and its tier from ``classify``. The query string is never
+``X-Ballast-Reason``, its tier from ``classify``, and its route is null. The query string is never
 logged (it may carry secrets). Cost: see docs/deploy.md ("Access log").
 """
 
@@ -80,6 +80,7 @@ class AccessLog:
             "ts": round(time.time(), 3),
             "method": scope["method"],
             "path": scope["path"],
+            "route": ctx.route.name if ctx is not None and ctx.route is not None else None,
             "status": holder["status"],
             "priority": ctx.priority.label if ctx is not None else self.classify(scope),
             "shed": holder["reason"],

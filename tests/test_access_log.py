@@ -33,10 +33,11 @@ async def _lines(gw: Any, requests: list[tuple[str, dict[str, str]]]) -> list[di
 
 
 async def test_served_request_is_one_line_with_its_fate() -> None:
-    """Method, path (no query), status, tier, queue wait, upstream and duration."""
+    """Method, path (no query), route, status, tier, queue wait, upstream and duration."""
     gw = _gateway(access_log={"enabled": True})
     [line] = await _lines(gw, [("/api/x?secret=1", {"X-Priority": "critical"})])
     assert line["method"] == "GET" and line["path"] == "/api/x" and line["status"] == 201
+    assert line["route"] == "/api"
     assert line["priority"] == "critical" and line["shed"] is None
     assert line["queue_wait_ms"] >= 0 and line["duration_ms"] >= 0
     assert line["upstream"] == "http://up.test"
@@ -48,7 +49,7 @@ async def test_shed_request_names_its_reason_and_tier() -> None:
     gw = _gateway(access_log={"enabled": True})
     [line] = await _lines(gw, [("/x", {"X-Deadline-Ms": "0", "X-Priority": "bulk"})])
     assert line["status"] == 429 and line["shed"] == "deadline" and line["priority"] == "bulk"
-    assert line["queue_wait_ms"] is None and line["upstream"] is None
+    assert line["queue_wait_ms"] is None and line["upstream"] is None and line["route"] is None
 
 
 def test_off_by_default() -> None:

@@ -49,6 +49,7 @@ async def test_no_version_yet_answers_503_but_admin_works() -> None:
         snap = (await c.get("/_ballast/snapshot")).json()
     await gw.discovery.stop()  # type: ignore[union-attr]
     assert r.status_code == 503 and r.json()["error"] == "no_instances"
+    assert r.headers["x-ballast-reason"] == "no_instances" and r.headers["retry-after"] == "1"
     assert r.headers["retry-after"] == "1" and seen == []
     assert snap["config_version"] is None and snap["discovery"]["instances"] == []
 

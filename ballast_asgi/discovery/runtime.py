@@ -171,6 +171,10 @@ class DiscoveryRuntime:
         return _WithDiscovery(app, self)
 
 
+#: An unavailability answer, like ``breaker_open``: 503 with Retry-After and the reason.
+_NO_INSTANCES_HEADERS = [(b"retry-after", b"1"), (b"x-ballast-reason", b"no_instances")]
+
+
 class _WithDiscovery:
     """Lifespan starts/stops discovery; requests wait for nothing but get 503 without instances."""
 
@@ -185,7 +189,7 @@ class _WithDiscovery:
             return
         runtime.start()
         if scope["type"] == "http" and not runtime.serving:
-            await send_json(send, 503, _NO_INSTANCES, [(b"retry-after", b"1")])
+            await send_json(send, 503, _NO_INSTANCES, _NO_INSTANCES_HEADERS)
             return
         await self.app(scope, receive, send)
 

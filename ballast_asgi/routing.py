@@ -51,6 +51,7 @@ def build_routes(config: GatewayConfig) -> RouteTable:
         (make_route(rc, config) for rc in config.routes),
         auto=auto.enabled,
         max_groups=auto.max_groups,
+        learn=auto.learn,
     )
 
 

@@ -35,7 +35,10 @@ async def _lines(gw: Any, requests: list[tuple[str, dict[str, str]]]) -> list[di
 async def test_served_request_is_one_line_with_its_fate() -> None:
     """Method, path (no query), route, status, tier, queue wait, upstream and duration."""
     gw = _gateway(access_log={"enabled": True})
-    [line] = await _lines(gw, [("/api/x?secret=1", {"X-Priority": "critical"})])
+    first, line = await _lines(
+        gw, [("/api/y", {}), ("/api/x?secret=1", {"X-Priority": "critical"})]
+    )
+    assert first["route"] == "other"  # a segment gets its route once the upstream knew it
     assert line["method"] == "GET" and line["path"] == "/api/x" and line["status"] == 201
     assert line["route"] == "/api"
     assert line["priority"] == "critical" and line["shed"] is None

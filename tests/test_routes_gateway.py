@@ -81,7 +81,8 @@ async def test_a_real_outage_from_five_addresses_opens_the_breaker_with_503() ->
     shed = [r for r in seen if r.headers.get("x-ballast-reason") == "breaker_open"]
     assert shed and all(r.status_code == 503 for r in shed)
     assert all(int(r.headers["retry-after"]) >= 1 for r in shed)
-    assert gw.snapshot()["routes"]["/refused"]["breaker"]["state"] == "open"
+    routes = gw.snapshot()["routes"]  # never answered: no route of its own, on "other"
+    assert "/refused" not in routes and routes["other"]["breaker"]["state"] == "open"
 
 
 async def test_500s_from_three_addresses_open_only_that_route() -> None:
@@ -114,10 +115,10 @@ async def test_thousands_of_random_paths_keep_snapshot_and_metrics_bounded() -> 
     gw = _gateway(up, {"auto_routes": {"max_groups": 16}})
     rng = random.Random(3)
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_."
+    segments = ["".join(rng.choices(alphabet, k=rng.randint(1, 30))) for _ in range(300)]
     async with _client(gw) as c:
-        for _ in range(3_000):
-            seg = "".join(rng.choices(alphabet, k=rng.randint(1, 30)))
-            await c.get(f"/{seg}/{rng.randint(0, 10**9)}")
+        for _ in range(3_000):  # an upstream answering 200 to anything: every segment "known"
+            await c.get(f"/{rng.choice(segments)}/{rng.randint(0, 10**9)}")
         text = (await c.get("/_ballast/metrics")).text
     assert len(gw.snapshot()["routes"]) <= 16 + 1
     labels = {
@@ -154,12 +155,12 @@ async def test_configured_route_sets_priority_deadline_and_is_on_the_context() -
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://a") as c:
         await c.get("/batch/nightly")
         await c.get("/batch/x", headers={"X-Priority": "critical", "X-Deadline-Ms": "5000"})
-        await c.get("/other")
+        await c.get("/plain")
     (r1, p1, left1), (r2, p2, left2), (r3, p3, left3) = seen
     assert r1.name == "batch" and r1.limiter_partition and p1.label == "bulk"
     assert 0 < left1 <= 250
     assert r2 is r1 and p2.label == "critical" and left2 > 250  # headers win over route defaults
-    assert r3.name == "/other" and not r3.limiter_partition and p3.label == "standard"
+    assert r3.name == "other" and not r3.limiter_partition and p3.label == "standard"
     assert left3 is None
 
 
@@ -213,13 +214,14 @@ async def test_snapshot_routes_are_keyed_by_name_with_breaker_and_counts() -> No
     gw = _gateway(up, {"routes": [{"name": "api", "path": "/api/*"}]})
     async with _client(gw) as c:
         await c.get("/api/a")
+        await c.get("/get")  # route other; the 200 gives /get its route
         await c.get("/get")
         snap = (await c.get("/_ballast/snapshot")).json()
     api = snap["routes"]["api"]
     assert api["source"] == "config" and api["requests"] == 1 and api["paths"] == ["/api/*"]
     assert api["breaker"]["state"] == "closed"
-    assert snap["routes"]["/get"]["source"] == "auto"
-    assert snap["routes"]["other"]["requests"] == 0
+    assert snap["routes"]["/get"]["source"] == "auto" and snap["routes"]["/get"]["requests"] == 1
+    assert snap["routes"]["other"]["requests"] == 1
 
 
 async def test_in_an_app_the_route_is_the_template_and_handlers_can_read_it() -> None:
@@ -239,7 +241,7 @@ async def test_in_an_app_the_route_is_the_template_and_handlers_can_read_it() ->
     assert missing.status_code == 404
     routes = handle.snapshot()["routes"]
     assert routes["/items/{item_id}"]["source"] == "app"
-    assert routes["/nothing"]["requests"] == 1
+    assert routes["other"]["requests"] == 1 and "/nothing" not in routes  # a 404 learns nothing
 
 
 async def test_forged_forwarded_for_cannot_make_one_address_look_like_many() -> None:
@@ -282,5 +284,27 @@ async def test_a_reload_adds_a_route_and_keeps_counting(tmp_path: Path) -> None:
         ok, message = await gw.reload()
     routes = gw.snapshot()["routes"]
     assert routes["api"]["requests"] == 1 and "/api" not in routes  # the new table's routes
-    assert gw.parts.route_table().counts["/api"] == 1  # ballast_route_requests_total goes on
+    assert gw.parts.route_table().counts["other"] == 1  # ballast_route_requests_total goes on
     assert not ok and "routes.0.name" in message  # 'other' is reserved; nothing applied
+
+
+async def test_invented_paths_do_not_take_routes_from_real_endpoints() -> None:
+    """2,000 invented segments the upstream 404s first; /get and /status still get routes."""
+
+    def known_only(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.startswith("/status/"):
+            return httpx.Response(int(path.split("/")[2]))
+        return httpx.Response(200 if path.startswith("/get") else 404)
+
+    gw = _gateway(known_only, {"auto_routes": {"max_groups": 4}})
+    rng = random.Random(5)
+    async with _client(gw, "10.0.6.1") as c:
+        for _ in range(2_000):
+            seg = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=10))
+            assert (await c.get(f"/{seg}/x")).status_code == 404
+        for path in ("/get", "/get", "/status/500", "/status/500"):
+            await c.get(path)
+    routes = gw.snapshot()["routes"]
+    assert set(routes) == {"/get", "/status", "other"}
+    assert routes["/get"]["requests"] == 1 and routes["/status"]["requests"] == 1

@@ -140,6 +140,9 @@ class AutoRoutesConfig(Frozen):
     enabled: bool = True
     #: Distinct first segments that get a route of their own; the rest share ``other``.
     max_groups: int = Field(DEFAULT_MAX_GROUPS, ge=0, le=1_000)
+    #: A segment gets its route once the upstream answered one of its requests with a
+    #: status other than 404 (paths it does not know never take a group); false: at once.
+    learn: bool = True
 
 
 def _overrides(model: Any, v: Any) -> Any:

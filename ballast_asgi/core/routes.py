@@ -21,12 +21,20 @@ Matching, first hit wins:
 3. **An automatic group** (``auto``, on by default): the request's first
    path segment, so ``/status/500`` is route ``/status`` and ``/get`` is route
    ``/get``; ``/`` (and an empty first segment) is route ``/``. Only the
-   first ``max_groups`` distinct segments seen get a group of their own; a
+   first ``max_groups`` distinct segments get a group of their own; a
    segment that is not a plain name (``[A-Za-z0-9_.~-]``, at most
    ``MAX_SEGMENT_CHARS``, not all digits: an id is not an endpoint class)
    never does. Everything else is the overflow route ``other``. A client
    inventing paths therefore grows the table (and every per-route breaker,
    metric label and snapshot entry) by at most ``max_groups`` entries, ever.
+
+   With ``learn`` (the default) a segment gets its group only once the
+   upstream (or the app) answered one of its requests with a status other
+   than 404 (``learn(path, status)``, called by the breaker stage at the
+   response head of a request on ``other``): until then its requests are
+   route ``other``. Paths the upstream does not know, the ones a client
+   invents, so never take a group from a real endpoint. Without ``learn`` a
+   segment gets its group at first sight.
 
 With ``auto`` off, an unmatched request is route ``other``.
 
@@ -168,6 +176,7 @@ class RouteTable:
         auto: bool = True,
         max_groups: int = DEFAULT_MAX_GROUPS,
         max_templates: int = DEFAULT_MAX_TEMPLATES,
+        learn: bool = True,
     ) -> None:
         if max_groups < 0:
             raise ValueError(f"routes max_groups must be >= 0, got {max_groups}")
@@ -177,6 +186,7 @@ class RouteTable:
             raise ValueError(f"route names must be unique, got {names}")
         self._rules = tuple(RouteRule.compile(r) for r in configured)
         self.auto = auto
+        self.learn_groups = auto and learn
         self.max_groups = max_groups
         self.max_templates = max_templates
         self.other = Route(OTHER, source="overflow")
@@ -231,6 +241,16 @@ class RouteTable:
         found = self._by_segment.get(_segment(path))
         if found is not None:  # the common case: a segment seen before, no validation again
             return found
+        if self.learn_groups:
+            return self.other  # until the upstream shows it knows the segment (``learn``)
+        return self._add_group(path)
+
+    def learn(self, path: str, status: int) -> None:
+        """A request of ``other`` got a response head: a non-404 gives its segment a group."""
+        if status != 404 and self.auto:
+            self._add_group(path)
+
+    def _add_group(self, path: str) -> Route:
         name = first_segment_group(path)
         if name is None:
             return self.other

@@ -156,6 +156,8 @@ class AdmissionMiddleware:
             clock=self.clock,
             failure_statuses=self.failure_statuses,
         )
+        if route is self.routes.other and self.routes.learn_groups:
+            ctx.learn_route = self.routes.learn
         child = with_context(scope, ctx)
         child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
         return ctx, child, shed

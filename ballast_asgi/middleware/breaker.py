@@ -20,7 +20,10 @@ The innermost stage (``RetryMiddleware`` runs it once per attempt). Per attempt:
    the trusted ``X-Forwarded-For`` client) and, for a connect error, as
    *shared* (it cannot depend on the request): the breaker opens on
    request-dependent failures only when several clients fail
-   (``breaker.min_failing_clients``).
+   (``breaker.min_failing_clients``). A request on the route ``other`` whose
+   head came from the upstream tells the route table its status
+   (``ctx.learn_route``), so a first path segment the upstream knows gets an
+   automatic route of its own (the proxy's own 502/504 teach nothing).
 
 A request shed here hands its concurrency permit back at once (released
 IGNORED, ``ctx.permit`` cleared): it never reaches the upstream. Dry-run
@@ -110,6 +113,8 @@ class BreakerMiddleware:
                 else:
                     ctx.record_status(status)
                     self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR, client)
+                    if ctx.learn_route is not None and ctx.outcome in _ANSWERED:
+                        ctx.learn_route(scope["path"], status)  # on ``other``: known segment?
             return send(message)
 
         try:
@@ -139,6 +144,10 @@ class BreakerMiddleware:
         if ctx is not None and ctx.permit is not None:
             permit, ctx.permit = ctx.permit, None
             permit.release(Outcome.IGNORED, now)
+
+
+#: Outcomes whose head came from the upstream (or the app), not from the proxy's own 502/504.
+_ANSWERED = frozenset({AttemptOutcome.SUCCESS, AttemptOutcome.STATUS_5XX})
 
 
 def _key(ctx: RequestContext | None) -> str | None:

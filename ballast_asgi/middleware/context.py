@@ -28,6 +28,7 @@ Who writes what (one writer per field):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -85,6 +86,9 @@ class RequestContext:
     clock: Clock = time.monotonic
     #: Response statuses that make an attempt a failure (``breaker.failure_statuses``).
     failure_statuses: frozenset[int] = DEFAULT_FAILURE_STATUSES
+    #: Set by admission on a request of the route ``other``: ``(path, status)`` of a
+    #: response head, so the route table can give a known segment its group.
+    learn_route: Callable[[str, int], None] | None = None
 
     def record(self, outcome: AttemptOutcome, rtt_s: float | None = None) -> None:
         """Record how the current attempt ended; the first record of an attempt wins."""

@@ -109,3 +109,60 @@ def test_4xx_can_never_be_a_failure_status(statuses: tuple[int, ...]) -> None:
     """A 4xx in failure_statuses is refused by the core, naming the parameter."""
     with pytest.raises(ValueError, match="failure_statuses"):
         Breaker(failure_statuses=statuses)
+
+
+def _open(b: Breaker) -> None:
+    """Open ``b`` with connect errors (shared) at t=0; open_ms is 1 s."""
+    for _ in range(5):
+        _fail(b, 0.0, "net", shared=True)
+    assert b.state(0.0) is BreakerState.OPEN
+
+
+def test_a_client_whose_probe_fails_cannot_keep_a_recovered_breaker_open() -> None:
+    """Half-open: bad's failed probe does not reopen; bad is refused, good's probe closes it."""
+    b = _breaker()
+    _open(b)
+    probe = b.acquire(1.5, "bad")
+    assert probe is not None and probe.probe
+    probe.record(False, 1.5, client="bad")
+    assert b.state(1.5) is BreakerState.HALF_OPEN
+    assert b.acquire(1.6, "bad") is None  # its own problem: refused until the state changes
+    good = b.acquire(1.6, "good")
+    assert good is not None and good.probe
+    good.record(True, 1.6, client="good")
+    assert b.state(1.6) is BreakerState.CLOSED
+    assert b.acquire(1.7, "bad") is not None
+
+
+def test_failed_probes_from_three_clients_reopen_it() -> None:
+    """A real outage: probes of three distinct clients fail, the breaker reopens."""
+    b = _breaker()
+    _open(b)
+    for i, client in enumerate(("a", "b", "c")):
+        ticket = b.acquire(1.5 + i * 0.01, client)
+        assert ticket is not None
+        ticket.record(False, 1.5 + i * 0.01, client=client)
+    assert b.state(1.6) is BreakerState.OPEN
+    assert b.snapshot(1.6)["trips_in_a_row"] == 2
+
+
+def test_a_shared_probe_failure_reopens_at_once() -> None:
+    """A probe refused a connection reopens the breaker whoever sent it."""
+    b = _breaker()
+    _open(b)
+    ticket = b.acquire(1.5, "a")
+    assert ticket is not None
+    ticket.record(False, 1.5, client="a", shared=True)
+    assert b.state(1.5) is BreakerState.OPEN
+
+
+def test_a_probe_that_times_out_counts_as_its_clients_failure() -> None:
+    """A hung probe frees the slot after probe_timeout_ms; reopening needs three clients."""
+    b = _breaker(probe_timeout_ms=100)
+    _open(b)
+    assert b.acquire(1.0, "slow") is not None
+    assert b.state(1.2) is BreakerState.HALF_OPEN  # timed out: slot free, slow barred
+    assert b.acquire(1.2, "slow") is None
+    assert b.acquire(1.2, "x") is not None
+    assert b.acquire(1.4, "y") is not None  # x's probe timed out at 1.3
+    assert b.state(1.6) is BreakerState.OPEN  # y's at 1.5: three clients

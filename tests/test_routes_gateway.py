@@ -19,6 +19,7 @@ from ballast_asgi.gateway import Gateway, build_gateway
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.context import find_context
 from ballast_asgi.stack import build_parts, build_stack
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -308,3 +309,26 @@ async def test_invented_paths_do_not_take_routes_from_real_endpoints() -> None:
     routes = gw.snapshot()["routes"]
     assert set(routes) == {"/get", "/status", "other"}
     assert routes["/get"]["requests"] == 1 and routes["/status"]["requests"] == 1
+
+
+async def test_after_an_outage_one_failing_client_cannot_keep_the_route_shut() -> None:
+    """Half-open: the bad client's failing probe does not reopen; the good client's closes it."""
+    clock = FakeClock()
+    up = Upstream()
+    config = build_config({"upstream": "http://up.test", "retry": {"enabled": False}})
+    gw = build_gateway(config, transport=httpx.MockTransport(up), env={}, clock=clock)
+    for i in range(12):  # a real 5xx outage seen by three addresses
+        async with _client(gw, f"10.0.7.{i % 3}") as c:
+            await c.get("/status/503")
+    assert gw.snapshot()["routes"]["/status"]["breaker"]["state"] == "open"
+    clock.advance(2.5)  # open_ms 2 s: half-open, the upstream has recovered
+    async with _client(gw, "10.0.7.66") as bad, _client(gw, "10.0.7.77") as good:
+        probe = await bad.get("/status/500")  # bad's own requests keep failing
+        again = await bad.get("/status/500")
+        served = await good.get("/status/200")
+        after = await bad.get("/status/500")
+    assert probe.status_code == 500
+    assert again.status_code == 503 and again.headers["x-ballast-reason"] == "breaker_open"
+    assert served.status_code == 200
+    assert after.status_code == 500 and "x-ballast-reason" not in after.headers  # closed
+    assert gw.snapshot()["routes"]["/status"]["breaker"]["state"] == "closed"

@@ -21,8 +21,15 @@ While open, ``acquire`` returns None (the caller sheds with ``Retry-After =
 retry_after_s(now)``, the remaining open time, at least 1 s). In half-open at
 most one ticket (the *probe*) is out at a time, whatever the concurrency. The
 probe has its own timeout ``probe_timeout_ms``: if its result has not arrived
-by then, the slot is reclaimed and counted as a failure (the breaker reopens),
-so the breaker can never stick in half-open. A late result is ignored, as is
+by then, the slot is reclaimed and counted as a failed probe, so the breaker
+can never stick in half-open.
+
+A failed probe reopens the breaker when the failure is shared (connect
+error), or when probes from ``min_failing_clients`` distinct clients have
+failed in this half-open period. A client whose probe failed is refused
+(``acquire(now, client)`` returns None) until the state changes, and the next
+request from anyone else becomes the probe: one client whose own requests
+fail cannot keep a recovered breaker open by always being the probe. A late result is ignored, as is
 any result of a ticket issued in an earlier state (each transition starts a
 new generation). Time-driven transitions are dated when they were due, not
 when they were noticed, so the machine does not depend on how often it is read.
@@ -78,13 +85,17 @@ DEFAULT_MIN_FAILING_CLIENTS = 3
 class Ticket:
     """Leave to make one upstream call; settle it exactly once."""
 
-    __slots__ = ("_breaker", "_settled", "generation", "probe")
+    __slots__ = ("_breaker", "_settled", "client", "generation", "probe")
 
-    def __init__(self, breaker: Breaker, generation: int, probe: bool) -> None:
+    def __init__(
+        self, breaker: Breaker, generation: int, probe: bool, client: str | None = None
+    ) -> None:
         self._breaker = breaker
         self.generation = generation
         #: True when this ticket is the half-open probe.
         self.probe = probe
+        #: The caller's address, when it was given to ``acquire``.
+        self.client = client
         self._settled = False
 
     @property
@@ -161,6 +172,8 @@ class Breaker:
         self._probe: Ticket | None = None
         self._probe_deadline = 0.0
         self._probe_successes = 0
+        #: Clients whose probe failed in this half-open period (at most min_failing_clients).
+        self._probe_failures: set[str] = set()
         self._transitions = dict.fromkeys(BreakerState, 0)
         self._listener: TransitionListener | None = None
 
@@ -186,24 +199,28 @@ class Breaker:
         self._listener = listener
 
     # -- asking --------------------------------------------------------------
-    def acquire(self, now: float) -> Ticket | None:
-        """A ticket for one call, or None: shed (open, or the probe is out)."""
+    def acquire(self, now: float, client: str | None = None) -> Ticket | None:
+        """A ticket for one call, or None: shed (open, the probe is out, or this
+        client's own probe failed in this half-open period)."""
         self._advance(now)
         if self._state is BreakerState.CLOSED:
             return Ticket(self, self._generation, probe=False)
-        if self._state is BreakerState.HALF_OPEN and self._probe is None:
-            probe = Ticket(self, self._generation, probe=True)
+        if self._may_probe(client):
+            probe = Ticket(self, self._generation, probe=True, client=client)
             self._probe = probe
             self._probe_deadline = now + self.probe_timeout_s
             return probe
         return None
 
-    def can_acquire(self, now: float) -> bool:
-        """Whether ``acquire(now)`` would give a ticket (takes nothing)."""
+    def can_acquire(self, now: float, client: str | None = None) -> bool:
+        """Whether ``acquire(now, client)`` would give a ticket (takes nothing)."""
         self._advance(now)
-        return self._state is BreakerState.CLOSED or (
-            self._state is BreakerState.HALF_OPEN and self._probe is None
-        )
+        return self._state is BreakerState.CLOSED or self._may_probe(client)
+
+    def _may_probe(self, client: str | None) -> bool:
+        if self._state is not BreakerState.HALF_OPEN or self._probe is not None:
+            return False
+        return client is None or client not in self._probe_failures
 
     def is_failure_status(self, status: int) -> bool:
         """Whether an upstream status counts as a failure."""
@@ -247,6 +264,7 @@ class Breaker:
             "transitions": self.transitions,
             **self._stats.snapshot(now),
             "probe_in_flight": self._probe is not None,
+            "probe_failed_clients": len(self._probe_failures),
             "enabled": self.enabled,
         }
 
@@ -262,7 +280,9 @@ class Breaker:
                 and self._probe is not None
                 and now >= self._probe_deadline
             ):
-                self._enter(BreakerState.OPEN, self._probe_deadline)
+                probe, self._probe = self._probe, None
+                if self._probe_failed(probe.client, shared=False):
+                    self._enter(BreakerState.OPEN, self._probe_deadline)
             else:
                 return
 
@@ -274,6 +294,7 @@ class Breaker:
         self._transitions[state] += 1
         self._probe = None
         self._probe_successes = 0
+        self._probe_failures.clear()
         if state is BreakerState.OPEN:
             self._trips += 1
             self._open_until = at + self._open_period_s(self._trips)
@@ -295,22 +316,32 @@ class Breaker:
         if ticket.generation != self._generation:
             return
         if ticket.probe:
-            self._on_probe_result(ticket, success, now)
+            self._on_probe_result(ticket, success, now, client, shared)
         elif self._state is BreakerState.CLOSED and self._stats.record(
             success, now, client=client, shared=shared
         ):
             self._enter(BreakerState.OPEN, now)
 
-    def _on_probe_result(self, ticket: Ticket, success: bool, now: float) -> None:
+    def _on_probe_result(
+        self, ticket: Ticket, success: bool, now: float, client: str | None, shared: bool
+    ) -> None:
         if self._probe is not ticket:
             return
         self._probe = None
         if not success:
-            self._enter(BreakerState.OPEN, now)
+            if self._probe_failed(client if client is not None else ticket.client, shared):
+                self._enter(BreakerState.OPEN, now)
             return
         self._probe_successes += 1
         if self._probe_successes >= self.half_open_successes:
             self._enter(BreakerState.CLOSED, now)
+
+    def _probe_failed(self, client: str | None, shared: bool) -> bool:
+        """Note a failed probe; True when it reopens the breaker (see the module docstring)."""
+        if shared or self._stats.min_failing_clients <= 1:
+            return True
+        self._probe_failures.add(client or "")
+        return len(self._probe_failures) >= self._stats.min_failing_clients
 
     def _on_cancel(self, ticket: Ticket) -> None:
         if ticket.probe and self._probe is ticket:

@@ -95,7 +95,8 @@ class BreakerMiddleware:
             return
         breaker = self.breakers.get(_key(ctx))
         now = self._clock()
-        ticket = breaker.acquire(now)
+        client = client_ip(scope)
+        ticket = breaker.acquire(now, client)
         if ticket is None:
             priority = self._responder.priority_of(ctx)
             shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
@@ -103,7 +104,6 @@ class BreakerMiddleware:
             await self._responder.act(shed, ctx, self.app, scope, receive, send)
             return
         failure_statuses = self._failure_statuses
-        client = client_ip(scope)
 
         def settle_at_head(message: Message) -> Awaitable[None]:
             if message["type"] == "http.response.start" and not ticket.settled:

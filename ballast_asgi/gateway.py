@@ -205,7 +205,13 @@ class Gateway:
             reasons += self.parts.ratelimit.degraded()
         if self.discovery is not None:
             reasons += self.discovery.degraded()
-        if self.parts.breaker.state(self.clock()).value == "open":
+        now = self.clock()
+        routes = self.parts.breakers.open_keys(now)
+        if routes:  # per-route breakers (breaker.scope: route)
+            more = " ..." if len(routes) > 8 else ""
+            names = ", ".join(routes[:8])
+            reasons.append(f"breaker: open on routes {names}{more} (those routes are shed)")
+        elif self.parts.breaker.state(now).value == "open":
             reasons.append("breaker: open (the upstream is failing; requests are shed)")
         return reasons
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import ballast_asgi
 from ballast_asgi.config import build_config, load_config
+from ballast_asgi.events import LOGGER, events
 from ballast_asgi.gateway import Gateway, build_gateway
 from ballast_asgi.metrics import null_metrics
 from ballast_asgi.middleware.context import find_context
@@ -332,3 +334,31 @@ async def test_after_an_outage_one_failing_client_cannot_keep_the_route_shut() -
     assert served.status_code == 200
     assert after.status_code == 500 and "x-ballast-reason" not in after.headers  # closed
     assert gw.snapshot()["routes"]["/status"]["breaker"]["state"] == "closed"
+
+
+async def test_a_route_breaker_opening_is_logged_with_its_route_and_makes_health_degraded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """breaker.open names the route; /health is degraded naming the open routes."""
+    log = logging.getLogger(LOGGER)
+    saved = (log.propagate, log.level, list(log.handlers))
+    log.propagate, log.handlers = True, []
+    events.reset()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    try:
+        up = Upstream()
+        gw = _gateway(up)
+        async with _client(gw) as c:
+            assert (await c.get("/get")).status_code == 200  # /get: a route of its own
+            for _ in range(6):
+                await c.get("/refused/x")  # never answered: on "other"; connect errors
+            assert gw.health() == (
+                200,
+                {"status": "degraded", "reasons": ["breaker: open on routes other (those "
+                                                   "routes are shed)"]},
+            )  # fmt: skip
+            assert (await c.get("/get")).status_code == 200
+    finally:
+        log.propagate, log.level, log.handlers = saved
+    opened = [r for r in caplog.records if getattr(r, "ballast_event", "") == "breaker.open"]
+    assert [r.ballast_fields["route"] for r in opened] == ["other"]  # type: ignore[attr-defined]

@@ -19,6 +19,10 @@ from typing import Any
 
 from ballast_asgi.core.breaker import Breaker, BreakerState, TransitionListener
 
+#: Called on every transition of any breaker of the set: (key, old, new, when); key None
+#: for the default breaker.
+KeyedListener = Callable[[str | None, BreakerState, BreakerState, float], None]
+
 DEFAULT_MAX_KEYS = 64
 
 
@@ -39,7 +43,7 @@ class BreakerSet:
         self._max_keys = max_keys
         self.default = factory()
         self._by_key: dict[str, Breaker] = {}
-        self._listener: TransitionListener | None = None
+        self._listener: KeyedListener | None = None
 
     def get(self, key: str | None) -> Breaker:
         """The breaker for ``key`` (None: the default)."""
@@ -50,7 +54,7 @@ class BreakerSet:
             if len(self._by_key) >= self._max_keys:
                 return self.default
             breaker = self._by_key[key] = self._factories.get(key, self._factory)()
-            breaker.set_on_transition(self._listener)
+            breaker.set_on_transition(self._bound(key))
         return breaker
 
     @property
@@ -62,6 +66,10 @@ class BreakerSet:
         """The keyed breakers created so far, by key."""
         return sorted(self._by_key.items())
 
+    def open_keys(self, now: float) -> list[str]:
+        """The keys whose breaker is open now, sorted."""
+        return [k for k, b in sorted(self._by_key.items()) if b.state(now) is BreakerState.OPEN]
+
     def worst(self, now: float) -> Breaker:
         """The breaker in the most open state (open, then half-open, then the default)."""
         rank = {BreakerState.OPEN: 2, BreakerState.HALF_OPEN: 1, BreakerState.CLOSED: 0}
@@ -71,11 +79,22 @@ class BreakerSet:
         yield self.default
         yield from self._by_key.values()
 
-    def set_on_transition(self, listener: TransitionListener | None) -> None:
-        """Call ``listener(old, new, at)`` on every transition of every breaker."""
+    def set_on_transition(self, listener: KeyedListener | None) -> None:
+        """Call ``listener(key, old, new, at)`` on every transition of every breaker."""
         self._listener = listener
-        for breaker in self:
-            breaker.set_on_transition(listener)
+        self.default.set_on_transition(self._bound(None))
+        for key, breaker in self._by_key.items():
+            breaker.set_on_transition(self._bound(key))
+
+    def _bound(self, key: str | None) -> TransitionListener | None:
+        listener = self._listener
+        if listener is None:
+            return None
+
+        def on_transition(old: BreakerState, new: BreakerState, at: float) -> None:
+            listener(key, old, new, at)
+
+        return on_transition
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """The default breaker's state, plus each keyed one's under ``routes``."""

@@ -173,8 +173,9 @@ def _bind_metrics(metrics: Metrics, breakers: BreakerSet, clock: Clock) -> None:
     for state in BreakerState:
         metrics.breaker_transitions.labels(state.value)
 
-    def count(old: BreakerState, new: BreakerState, at: float) -> None:
+    def count(route: str | None, old: BreakerState, new: BreakerState, at: float) -> None:
         metrics.breaker_transitions.labels(new.value).inc()
-        emit(f"breaker.{new.value}", "warning" if new is BreakerState.OPEN else "info", previous=old.value)  # fmt: skip  # noqa: E501
+        level = "warning" if new is BreakerState.OPEN else "info"
+        emit(f"breaker.{new.value}", level, key=route or "", route=route, previous=old.value)
 
     breakers.set_on_transition(count)

@@ -17,6 +17,21 @@ subclass that adds both:
   app sees the request. The stack's own 431 (header count and bytes, see
   docs/security.md) still applies to what gets through.
 
+Both refusals close as nginx does (lingering close): the answer is written,
+the sending side shut (FIN), and whatever the client still sends is read and
+discarded until it closes, goes quiet for ``LINGER_IDLE_S`` or
+``LINGER_MAX_S`` passed. A plain ``close()`` with unread bytes in the socket
+makes the kernel send a reset, which can destroy the answer before the
+client reads it (issue 27 item 7: a head over the limit by more than the
+socket buffer got a reset instead of its 431).
+
+A request that asks to switch protocols and is not switched (``Connection:
+upgrade`` with an ``Upgrade`` other than a websocket uvicorn takes, and
+``CONNECT``): httptools parses nothing after its head, so the connection is
+closed after the answer (``connection: close``) instead of holding a
+keep-alive connection on which no later request would ever be read (issue
+27 item 2; the stack refuses such a request when it declares a body).
+
 It also joins a response's writes (issue 18, hot path): uvicorn writes the
 status line and headers when the app sends ``http.response.start`` and the
 body when it sends ``http.response.body``, two socket writes for every small
@@ -77,6 +92,10 @@ class QuietServer(uvicorn.Server):
 #: A head timer that fires this close to its due time times the head out (loop timers
 #: may fire up to their clock's resolution early).
 _TIMER_SLACK_S = 0.001
+
+#: Lingering close after a refusal: stop when the client is quiet this long, or after the max.
+LINGER_IDLE_S = 2.0
+LINGER_MAX_S = 10.0
 
 #: uvicorn's own defaults, which ``adopt_uvicorn`` may replace (explicit flags are kept).
 _UVICORN_KEEP_ALIVE_S = 5
@@ -173,6 +192,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         #: Loop time the connection was accepted, when that was before ``connection_made``
         #: (set by ``serve_tls.TlsFront``: the handshake counts against the head timeout).
         self.accepted_at: float | None = None
+        #: Lingering after a refusal: (loop time of the last read, loop time to stop by).
+        self._linger: tuple[float, float] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -181,10 +202,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_since = None
+        self._linger = None
         self._disarm()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:  # refused: read and discard until the client is done
+            self._linger = (self.loop.time(), self._linger[1])
+            return
         joined = self._joined
         if joined is not None and joined._pending:  # the protocol may write (400) itself
             joined.flush()
@@ -207,8 +232,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not before and cycle is not None and self._joined is not None:
-            cycle.transport = self._joined  # type: ignore[assignment]
+        if cycle is not before and cycle is not None:
+            if self.parser.should_upgrade():  # not switched: nothing after this head is read
+                cycle.keep_alive = False
+            if self._joined is not None:
+                cycle.transport = self._joined  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         if self._joined is not None:
@@ -270,7 +298,34 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(
             STATUS_LINE[status] + b"content-length: 0\r\nconnection: close\r\n\r\n"
         )
-        self.transport.close()
+        self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Shut the sending side after the answer; read and discard until the client is done."""
+        transport = self.transport
+        now = self.loop.time()
+        self._linger = (now, now + LINGER_MAX_S)
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()  # FIN once the answer is out; reading goes on
+            transport.resume_reading()
+        except (NotImplementedError, RuntimeError, OSError):  # e.g. TLS: no half-close
+            pass
+        self._head_timer = self.loop.call_at(now + LINGER_IDLE_S, self._linger_check)
+
+    def _linger_check(self) -> None:
+        """Close once the client was quiet for ``LINGER_IDLE_S`` or ``LINGER_MAX_S`` passed."""
+        self._head_timer = None
+        linger = self._linger
+        if linger is None:
+            return
+        last, until = linger
+        due = min(last + LINGER_IDLE_S, until)
+        if self.loop.time() < due - _TIMER_SLACK_S:
+            self._head_timer = self.loop.call_at(due, self._linger_check)
+        else:
+            self._linger = None
+            self.transport.close()
 
 
 def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:

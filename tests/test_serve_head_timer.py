@@ -10,7 +10,12 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from ballast_asgi.config.models import ServerConfig
-from ballast_asgi.serve import GuardedHttpToolsProtocol, guarded_protocol
+from ballast_asgi.serve import (
+    LINGER_IDLE_S,
+    LINGER_MAX_S,
+    GuardedHttpToolsProtocol,
+    guarded_protocol,
+)
 
 TIMEOUT_MS = 1_000
 HEAD = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -67,6 +72,7 @@ class FakeTransport:
     def __init__(self) -> None:
         self.written = b""
         self.closed = False
+        self.eof = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 5000)}.get(name, default)
@@ -76,6 +82,12 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -133,7 +145,41 @@ def test_a_later_slow_head_is_timed_from_its_own_first_byte(
     assert not transport.closed
     assert [h.when for h in _live(loop)] == [pytest.approx(100.0 + 0.6 + 1.0)]
     loop.advance(0.5)
-    assert transport.closed and transport.written.startswith(b"HTTP/1.1 408")
+    assert transport.eof and transport.written.startswith(b"HTTP/1.1 408")
+    loop.advance(LINGER_IDLE_S)
+    assert transport.closed
+
+
+def test_a_refused_head_lingers_then_closes(
+    wired: tuple[GuardedHttpToolsProtocol, FakeLoop, FakeTransport],
+) -> None:
+    """After a 431: FIN at once, later bytes read and discarded, closed once the client is quiet."""
+    protocol, loop, transport = wired
+    protocol.max_header_bytes = 64
+    protocol.data_received(b"GET / HTTP/1.1\r\nx-big: " + b"a" * 100)
+    assert transport.written.startswith(b"HTTP/1.1 431") and transport.eof
+    assert not transport.closed  # closing now would reset what the client still sends
+    for _ in range(3):
+        loop.advance(LINGER_IDLE_S / 2)
+        protocol.data_received(b"\x00garbage that is never parsed\r\n\r\n")
+    assert not transport.closed and transport.written.count(b"HTTP/1.1") == 1
+    loop.advance(LINGER_IDLE_S)
+    assert transport.closed
+
+
+def test_a_client_that_keeps_sending_is_closed_after_the_linger_maximum(
+    wired: tuple[GuardedHttpToolsProtocol, FakeLoop, FakeTransport],
+) -> None:
+    """Lingering is bounded: a client sending forever is closed LINGER_MAX_S after the refusal."""
+    protocol, loop, transport = wired
+    protocol.max_header_bytes = 64
+    protocol.data_received(b"GET / HTTP/1.1\r\nx-big: " + b"a" * 100)
+    steps = 0
+    while not transport.closed:
+        loop.advance(LINGER_IDLE_S / 4)
+        protocol.data_received(b"a" * 1000)
+        steps += 1
+    assert steps * LINGER_IDLE_S / 4 == pytest.approx(LINGER_MAX_S, abs=LINGER_IDLE_S / 4)
 
 
 def test_a_connection_that_sends_nothing_is_closed_at_the_timeout(

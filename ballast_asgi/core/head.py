@@ -17,6 +17,27 @@ values), or raises ``HeaderError`` with the status to answer:
 * **400** a ``Content-Length`` that is not a number, or several that disagree;
   ``X-Deadline-Ms`` given more than once with different values (like
   ``X-Priority``, whose trust rules live in ``classify.py``).
+
+It is also the one parse of the request's *framing* (issue 27): every stage
+and the proxy take the body's length and coding from ``RequestHead`` and
+nothing reads ``Content-Length``/``Transfer-Encoding`` again. What a client
+may declare is narrowed to what has exactly one meaning for every parser on
+the way (RFC 9112 section 6, and what nginx refuses):
+
+* **400** ``Content-Length`` together with ``Transfer-Encoding`` (a classic
+  desync: RFC 9112 section 6.1 lets a server refuse it, nginx does);
+* **501** a ``Transfer-Encoding`` other than exactly one ``chunked``
+  (``gzip, chunked``, ``chunked, chunked``, ``identity``, ``xchunked``: nginx's
+  "unknown Transfer-Encoding");
+* **400** ``Host`` given more than once (RFC 9112 section 3.2; nginx): the
+  parts of the gateway that read it would otherwise disagree on its value;
+* **405** ``CONNECT`` (never proxied, as nginx; the ASGI server does not hand
+  over any bytes after its head);
+* **400** a request that asks to switch protocols (``Connection: upgrade``
+  with an ``Upgrade`` header) *and* declares a body: the server parses nothing
+  after such a head, so the body would never arrive (issue 27 item 2). A
+  body-less one is an ordinary request (``Upgrade`` is hop-by-hop and dropped;
+  ``upgrade`` records it so the connection is closed after the answer).
 """
 
 from __future__ import annotations
@@ -38,6 +59,11 @@ _TRANSFER_ENCODING = b"transfer-encoding"
 _IDEMPOTENCY_KEY = b"idempotency-key"
 _PRIORITY = b"x-priority"
 _DEADLINE = b"x-deadline-ms"
+_HOST = b"host"
+_CONNECTION = b"connection"
+_UPGRADE = b"upgrade"
+#: A Content-Length with more digits than this is beyond any body limit (and int()'s).
+_MAX_LENGTH_DIGITS = 18
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,6 +95,8 @@ class RequestHead:
     priority: bytes | None = None
     #: The raw ``X-Deadline-Ms`` value (None when absent).
     deadline: bytes | None = None
+    #: A body-less request that asked to switch protocols (not switched: served as plain HTTP).
+    upgrade: bool = False
 
     @property
     def has_body(self) -> bool:
@@ -85,11 +113,16 @@ def check_target(raw_path: bytes | str) -> None:
         raise HeaderError("request target", "must be origin-form (start with /)")
 
 
-def read_head(headers: Iterable[tuple[bytes, bytes]], limits: HeadLimits) -> RequestHead:
-    """One pass over the raw headers: bounds checked, the interesting values kept."""
-    count = size = 0
+def read_head(
+    headers: Iterable[tuple[bytes, bytes]], limits: HeadLimits, method: str = "GET"
+) -> RequestHead:
+    """One pass over the raw headers: bounds and framing checked, the interesting values kept."""
+    if method == "CONNECT":
+        raise HeaderError("method", "CONNECT is not proxied", 405)
+    count = size = hosts = 0
     length: bytes | None = None
-    chunked = idempotent = False
+    codings: list[bytes] = []
+    idempotent = upgrade_asked = upgrade_named = False
     deadline: bytes | None = None
     priority: bytes | None = None
     for name, value in headers:
@@ -98,15 +131,45 @@ def read_head(headers: Iterable[tuple[bytes, bytes]], limits: HeadLimits) -> Req
         if name == _CONTENT_LENGTH:
             length = _same(length, value, "Content-Length")
         elif name == _TRANSFER_ENCODING:
-            chunked = True
+            codings.append(value)
+        elif name == _HOST:
+            hosts += 1
         elif name == _DEADLINE:
             deadline = _same(deadline, value, "X-Deadline-Ms")
         elif name == _PRIORITY and priority is None:
             priority = value
         elif name == _IDEMPOTENCY_KEY:
             idempotent = True
+        elif name == _CONNECTION:
+            upgrade_named = upgrade_named or _names_upgrade(value)
+        elif name == _UPGRADE:
+            upgrade_asked = True
     _check_size(count, size, limits)
-    return RequestHead(_length(length, limits), chunked, idempotent, priority, deadline)
+    if hosts > 1:
+        raise HeaderError("Host", "appears more than once")
+    chunked = _chunked(codings, length)
+    head = RequestHead(_length(length, limits), chunked, idempotent, priority, deadline)
+    if upgrade_asked and upgrade_named:
+        if head.has_body:
+            raise HeaderError("Upgrade", "is refused on a request with a body")
+        return RequestHead(head.content_length, False, idempotent, priority, deadline, True)
+    return head
+
+
+def _names_upgrade(value: bytes) -> bool:
+    """Whether one ``Connection`` value lists the ``upgrade`` token."""
+    return any(token.strip().lower() == _UPGRADE for token in value.split(b","))
+
+
+def _chunked(codings: list[bytes], length: bytes | None) -> bool:
+    """Whether the body is chunked: only exactly one ``chunked`` coding, never with a length."""
+    if not codings:
+        return False
+    if length is not None:
+        raise HeaderError("Transfer-Encoding", "must not be sent with Content-Length")
+    if len(codings) != 1 or codings[0].strip().lower() != b"chunked":
+        raise HeaderError("Transfer-Encoding", "must be exactly 'chunked'", 501)
+    return True
 
 
 def _same(previous: bytes | None, value: bytes, header: str) -> bytes:
@@ -129,7 +192,13 @@ def _length(raw: bytes | None, limits: HeadLimits) -> int | None:
     raw = raw.strip()
     if not raw.isdigit():
         raise HeaderError("Content-Length", "must be a non-negative integer")
-    length = int(raw)
+    digits = raw.lstrip(b"0")
+    if len(digits) > _MAX_LENGTH_DIGITS:
+        if limits.max_body_bytes is None:
+            raise HeaderError("Content-Length", "is too large")
+        length = limits.max_body_bytes + 1
+    else:
+        length = int(digits or b"0")
     if limits.max_body_bytes is not None and length > limits.max_body_bytes:
         raise HeaderError(
             "Content-Length", f"is larger than the limit of {limits.max_body_bytes} bytes", 413

@@ -5,7 +5,9 @@ The outermost shedding stage. For each HTTP request it
 0. reads the head once (``core/head.py``): a target that is not origin-form
    gets 400, too many or too large headers 431, a declared Content-Length
    above the body limit 413, a duplicated X-Deadline-Ms with disagreeing
-   values 400; all before anything else (no budget, no permit, no read);
+   values 400, ambiguous framing 400/501, a duplicate Host 400, CONNECT 405
+   and a protocol switch with a body 400; all before anything else (no
+   budget, no permit, no read, never a limiter or breaker sample);
 1. matches the request to its route, once (``RouteTable.match``: configured
    routes, the app's route template, an automatic first-segment group; the
    ``Route`` goes on the context as ``ctx.route`` and every later stage reads
@@ -133,8 +135,8 @@ class AdmissionMiddleware:
         """
         now = self.clock()
         try:
+            head = read_head(scope["headers"], self.limits, scope["method"])
             check_target(scope.get("raw_path") or scope["path"])
-            head = read_head(scope["headers"], self.limits)
             route = self._route(scope)
             priority, ignored = self._classify(scope, head.priority, route.priority)
             default_ms: float | None = route.deadline_ms

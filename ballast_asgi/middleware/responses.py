@@ -46,11 +46,17 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-_ERRORS = {400: "bad_request", 413: "payload_too_large", 431: "headers_too_large"}
+_ERRORS = {
+    400: "bad_request",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    431: "headers_too_large",
+    501: "not_implemented",
+}
 
 
 async def send_refusal(send: Send, exc: HeaderError) -> None:
-    """The 4xx a refused request head gets (400, 413 or 431), naming the header."""
+    """The answer a refused request head gets (400, 405, 413, 431 or 501), naming the header."""
     payload: dict[str, object] = {
         "error": _ERRORS.get(exc.status, "bad_request"),
         "message": str(exc),

@@ -12,6 +12,13 @@ docs/proxying.md says it for users):
 * Header rules (``headers.py``): hop-by-hop headers and ``Expect`` are
   removed both ways; ``Host`` becomes the upstream's; ``X-Forwarded-*`` are
   set; nothing else is added (no ``Content-Type``, no ``Content-Length: 0``).
+* Framing (issue 27): the declared body comes from the one parse of the head
+  (``ctx.head``, or ``core/head.read_head`` here when no admission stage ran,
+  with the same refusals); the client's ``Content-Length`` and
+  ``Transfer-Encoding`` are never forwarded. The proxy writes its own: the
+  length of a read body (a body that is not its declared length is a 400,
+  never forwarded), the declared length of a streamed one (held to it), or
+  ``chunked``.
 * Bodies (``body.py``): a request body with a Content-Length up to
   ``request_buffer_bytes`` is read first; a larger or chunked one streams
   upstream. A declared Content-Length above ``max_body_bytes`` gets 413 at
@@ -51,20 +58,22 @@ from typing import Any, cast
 import httpx
 
 from ballast_asgi.config import ProxyConfig
+from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.head import NO_HEAD, HeadLimits, RequestHead, read_head
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.events import emit
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
-from ballast_asgi.middleware.responses import send_json
+from ballast_asgi.middleware.responses import send_json, send_refusal
 from ballast_asgi.proxy.body import (
     UNTIMED_BYTES,
+    BodyMismatch,
     BodyTooLarge,
     ClientGone,
     ClientSendTimeout,
     RequestBodyStream,
     UpstreamBodyError,
-    declared_body,
     disconnected,
     read_body,
     relay,
@@ -98,6 +107,10 @@ from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 _NO_BODY_STATUSES = frozenset({204, 304})
 #: The response head as relayed: headers, Content-Length (None: unknown), has a Location.
 Head = tuple[RawHeaders, int | None, bool]
+#: The head checks of a proxy without an admission stage: framing only, no size bounds.
+_FRAMING_ONLY = HeadLimits(max_headers=0, max_header_bytes=0)
+_CONTENT_LENGTH = b"content-length"
+_CHUNKED = (b"transfer-encoding", b"chunked")
 #: A timeout this close to the request's deadline was the deadline, not the upstream.
 _DEADLINE_SLACK_S = 0.002
 
@@ -202,17 +215,23 @@ class ProxyApp:
         if not origin_form(scope):
             await self._refuse(send, ctx, 400, BAD_TARGET)
             return
-        length, chunked = declared_body(scope["headers"])
+        try:
+            head = _head(scope, ctx)
+        except HeaderError as exc:
+            if ctx is not None:
+                ctx.record(AttemptOutcome.GATEWAY_ERROR)
+            await send_refusal(send, exc)
+            return
+        length = head.content_length
         limit = self.config.max_body_bytes
         if length is not None and length > limit:
             await self._refuse(send, ctx, 413, too_large(limit))
             return
         headers = request_headers(scope, ctx is not None and ctx.deadline is not None)
         source: RequestBodyStream | None = None
-        if chunked or (length is not None and length > self.config.request_buffer_bytes):
-            source = RequestBodyStream(receive, limit)
-            if chunked and length is None:
-                headers.append((b"transfer-encoding", b"chunked"))
+        if head.chunked or (length is not None and length > self.config.request_buffer_bytes):
+            source = RequestBodyStream(receive, limit, length)  # held to exactly ``length``
+            headers.append(_CHUNKED if length is None else _length_header(length))
             stream: httpx.AsyncByteStream | bytes = source
         else:
             try:
@@ -223,8 +242,11 @@ class ProxyApp:
             if body is None:
                 await self._refuse(send, ctx, 413, too_large(limit))
                 return
-            if body and length is None:  # an ASGI server that gave neither header
-                headers.append((b"content-length", str(len(body)).encode("ascii")))
+            if length is not None and len(body) != length:
+                await self._refuse(send, ctx, 400, _MISMATCH)
+                return
+            if body or length is not None:  # framed by the bytes read, whatever was declared
+                headers.append(_length_header(len(body)))
             stream = body
         await self._forward(scope, receive, send, ctx, headers, stream, source)
 
@@ -295,7 +317,7 @@ class ProxyApp:
             else:
                 async with asyncio.timeout(head_s):
                     response = await call
-        except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge) as exc:
+        except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge, BodyMismatch) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
             return None
         status = response.status_code
@@ -329,6 +351,9 @@ class ProxyApp:
             return
         if source is not None and source.too_large:
             await self._refuse(send, ctx, 413, too_large(self.config.max_body_bytes))
+            return
+        if source is not None and source.mismatch:
+            await self._refuse(send, ctx, 400, _MISMATCH)
             return
         kind = self._kind(exc, ctx)
         self._record(ctx, upstream, OUTCOMES[kind], None)
@@ -452,6 +477,24 @@ class ProxyApp:
     def _count_error(self, ctx: RequestContext | None, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(kind).inc()
+
+
+_MISMATCH: dict[str, object] = {
+    "error": "bad_request",
+    "message": "the request body is not the length its head declared",
+    "header": "Content-Length",
+}
+
+
+def _head(scope: Scope, ctx: RequestContext | None) -> RequestHead:
+    """The request head as admission parsed it, or parsed here (same rules) without admission."""
+    if ctx is not None and ctx.head is not NO_HEAD:
+        return ctx.head
+    return read_head(scope["headers"], _FRAMING_ONLY, scope["method"])
+
+
+def _length_header(length: int) -> tuple[bytes, bytes]:
+    return (_CONTENT_LENGTH, str(length).encode("ascii"))
 
 
 def _gone(ctx: RequestContext | None) -> None:

@@ -3,7 +3,11 @@
 Request side: a body with a ``Content-Length`` up to ``proxy.request_buffer_bytes``
 is read before the upstream call (one ``receive`` in the common case); a
 larger or chunked body streams upstream as it arrives (``RequestBodyStream``),
-counted against ``max_body_bytes``. Replaying a body for a retry is the retry
+counted against ``max_body_bytes``. The declared framing comes from the one
+parse of the head (``core/head.py``); the framing sent upstream is the
+proxy's own: the length of a read body, or a streamed body held to exactly
+its declared length (``BodyMismatch`` otherwise: never a byte more, and never
+an upstream left waiting for bytes that will not come). Replaying a body for a retry is the retry
 stage's job (it feeds the same ``receive`` again, bounded).
 
 Response side (``relay``): each upstream chunk is sent before the next is read,
@@ -24,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from ballast_asgi.core.types import RawHeaders, Receive, Send
+from ballast_asgi.core.types import Receive, Send
 
 
 class ClientGone(Exception):
@@ -35,24 +39,16 @@ class BodyTooLarge(Exception):
     """A streamed request body went past ``max_body_bytes``."""
 
 
+class BodyMismatch(Exception):
+    """The request body the server delivered is not the length its head declared."""
+
+
 class UpstreamBodyError(Exception):
     """The upstream failed after the response head: the client connection is aborted."""
 
 
 class ClientSendTimeout(Exception):
     """The client did not take a response chunk within the send timeout: aborted."""
-
-
-def declared_body(headers: RawHeaders) -> tuple[int | None, bool]:
-    """``(Content-Length or None, chunked)`` as the client declared them."""
-    length: int | None = None
-    chunked = False
-    for name, value in headers:
-        if name == b"content-length":
-            length = int(value) if value.isdigit() else None
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-    return length, chunked
 
 
 async def read_body(receive: Receive, limit: int) -> bytes | None:
@@ -78,16 +74,23 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
 
 
 class RequestBodyStream(httpx.AsyncByteStream):
-    """The client's request body, streamed upstream as it arrives (at most ``limit`` bytes)."""
+    """The client's request body, streamed upstream as it arrives (at most ``limit`` bytes).
 
-    __slots__ = ("_limit", "_receive", "done", "gone", "too_large")
+    ``length``: the declared Content-Length, sent upstream as the framing; the
+    stream then yields exactly that many bytes or raises ``BodyMismatch``
+    (None: chunked, any length up to ``limit``).
+    """
 
-    def __init__(self, receive: Receive, limit: int) -> None:
+    __slots__ = ("_length", "_limit", "_receive", "done", "gone", "mismatch", "too_large")
+
+    def __init__(self, receive: Receive, limit: int, length: int | None = None) -> None:
         self._receive = receive
         self._limit = limit
+        self._length = length
         self.done = False
         self.gone = False
         self.too_large = False
+        self.mismatch = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         size = 0
@@ -103,6 +106,10 @@ class RequestBodyStream(httpx.AsyncByteStream):
                 self.too_large = True
                 raise BodyTooLarge
             more = message.get("more_body", False)
+            expected = self._length
+            if expected is not None and (size > expected or (not more and size < expected)):
+                self.mismatch = True
+                raise BodyMismatch(f"request body is not its declared {self._length} bytes")
             if chunk:
                 yield chunk
         self.done = True
@@ -182,12 +189,12 @@ async def disconnected(receive: Receive) -> None:
 
 
 __all__ = [
+    "BodyMismatch",
     "BodyTooLarge",
     "ClientGone",
     "ClientSendTimeout",
     "RequestBodyStream",
     "UpstreamBodyError",
-    "declared_body",
     "disconnected",
     "read_body",
     "relay",

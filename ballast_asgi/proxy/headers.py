@@ -4,7 +4,13 @@ Hop-by-hop headers (RFC 9110 section 7.6.1) are removed in both directions:
 ``Connection`` and every header it names, ``Keep-Alive``, ``TE``,
 ``Trailer``, ``Transfer-Encoding``, ``Upgrade`` and ``Proxy-*``.
 
-Request side, in addition: ``Expect`` is dropped (the gateway answered
+Request side, in addition: the client's ``Content-Length`` is dropped like
+``Transfer-Encoding``: the framing sent upstream is always the gateway's own,
+written by the proxy from the bytes it forwards (issue 27: a client must
+never frame, or un-frame, what the upstream parses). A ``Connection`` token
+naming a header in ``PROTECTED`` (framing, routing, and what the gateway
+writes itself) is ignored, as nginx ignores them; other named headers are
+removed (RFC 9110 section 7.6.1). ``Expect`` is dropped (the gateway answered
 ``100-continue`` itself when it read the body; an upstream that never sends 100
 must not hold the request); ``Host`` is dropped (httpx sets the upstream's) and
 sent on as ``X-Forwarded-Host``; ``X-Forwarded-For`` gets the client address
@@ -31,7 +37,22 @@ from ballast_asgi.core.types import RawHeaders, Scope
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 )
+#: Headers a client's ``Connection`` tokens never remove: framing and routing, and the
+#: headers the gateway writes or normalises itself (its decisions must reach the upstream).
+PROTECTED = frozenset(
+    {
+        b"content-length",
+        b"transfer-encoding",
+        b"host",
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+        b"x-forwarded-host",
+        b"x-priority",
+        b"x-deadline-ms",
+    }
+)
 _REQUEST_DROP = HOP_BY_HOP | {
+    b"content-length",
     b"host",
     b"expect",
     b"x-forwarded-for",
@@ -44,18 +65,20 @@ _LOCATIONS = frozenset({b"location", b"content-location"})
 _SAFE = bytes(range(0x21, 0x7F))
 
 
-def connection_names(value: bytes, into: set[bytes] | None) -> set[bytes]:
-    """Add the header names listed in one ``Connection`` value to ``into``."""
+def connection_names(
+    value: bytes, into: set[bytes] | None, keep: frozenset[bytes] = frozenset()
+) -> set[bytes]:
+    """Add the header names listed in one ``Connection`` value to ``into`` (except ``keep``)."""
     names = into if into is not None else set()
     for token in value.split(b","):
         token = token.strip().lower()
-        if token:
+        if token and token not in keep:
             names.add(token)
     return names
 
 
 def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
-    """The headers to send upstream for ``scope`` (without Host; the caller adds it).
+    """The headers to send upstream for ``scope`` (without Host and framing; the caller adds them).
 
     ``drop_deadline``: the gateway computed the remaining budget and will send
     its own ``X-Deadline-Ms``.
@@ -69,7 +92,7 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
             elif name == b"x-forwarded-for":
                 forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
             elif name == b"connection":
-                named = connection_names(value, named)
+                named = connection_names(value, named, PROTECTED)
         elif not name.startswith(b"proxy-") and not (drop_deadline and name == DEADLINE):
             out.append((name, value))
     if named:

@@ -144,6 +144,7 @@ def _fields(request: bytes) -> list[tuple[bytes, bytes]]:
         (b"transfer-encoding", b""),
         (b"host, x-forwarded-for, x-priority", b"hello"),
         (b"Content-Length , keep-alive", b"x" * 3000),
+        (b"content-length", b"y" * 100_000),  # above request_buffer_bytes: streamed
     ],
 )
 def test_connection_tokens_never_remove_framing_or_routing(

@@ -23,7 +23,10 @@ discarded until it closes, goes quiet for ``LINGER_IDLE_S`` or
 ``LINGER_MAX_S`` passed. A plain ``close()`` with unread bytes in the socket
 makes the kernel send a reset, which can destroy the answer before the
 client reads it (issue 27 item 7: a head over the limit by more than the
-socket buffer got a reset instead of its 431).
+socket buffer got a reset instead of its 431). The same close is used for
+uvicorn's own 400 (a malformed head) and when the app's answer closes the
+connection while the request body is still arriving (the stack's 413 for a
+declared body, its 4xx refusals).
 
 A request that asks to switch protocols and is not switched (``Connection:
 upgrade`` with an ``Upgrade`` other than a websocket uvicorn takes, and
@@ -59,7 +62,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from types import FrameType
 from typing import Any, Protocol
 
@@ -125,10 +128,17 @@ class JoinedWrites:
     done with the transport (close, ``is_closing`` is read-only and passes through).
     """
 
-    __slots__ = ("_loop", "_pending", "_scheduled", "_size", "transport")
+    __slots__ = ("_loop", "_pending", "_scheduled", "_size", "on_close", "transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        on_close: Callable[[], bool] | None = None,
+    ) -> None:
         self.transport = transport
+        #: Called by ``close``; True when it took over the closing (a lingering close).
+        self.on_close = on_close
         self._loop = loop
         self._pending: list[bytes] = []
         self._size = 0
@@ -165,9 +175,10 @@ class JoinedWrites:
         return self.transport.is_closing()
 
     def close(self) -> None:
-        """Flush, then close the connection."""
+        """Flush, then close the connection (or let ``on_close`` close it lingering)."""
         self.flush()
-        self.transport.close()
+        if self.on_close is None or not self.on_close():
+            self.transport.close()
 
     def __getattr__(self, name: str) -> Any:
         self.flush()
@@ -194,10 +205,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.accepted_at: float | None = None
         #: Lingering after a refusal: (loop time of the last read, loop time to stop by).
         self._linger: tuple[float, float] | None = None
+        #: The current request's body has been read to its end (or there is no request).
+        self._body_done = True
+        #: A protocol switch was asked and not made: httptools parses nothing more here.
+        self._unswitched = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._joined = JoinedWrites(transport, self.loop)
+        self._joined = JoinedWrites(transport, self.loop, self._close_after_response)
         self._head_begins(self.accepted_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -216,7 +231,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._head_bytes > self.max_header_bytes:
+        if self._in_head and self._head_bytes > self.max_header_bytes and self._linger is None:
             self._refuse(431)
 
     def on_message_begin(self) -> None:
@@ -226,6 +241,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_begins()
 
     def on_headers_complete(self) -> None:
+        self._body_done = False
         self._in_head = self._began = False
         self._head_bytes = 0
         self._head_since = None  # the timer, if armed, finds nothing to do and lapses
@@ -235,6 +251,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not before and cycle is not None:
             if self.parser.should_upgrade():  # not switched: nothing after this head is read
                 cycle.keep_alive = False
+                self._unswitched = True
             if self._joined is not None:
                 cycle.transport = self._joined  # type: ignore[assignment]
 
@@ -244,6 +261,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
 
     def on_message_complete(self) -> None:
+        self._body_done = True
         super().on_message_complete()
         self._in_head = True
         self._head_bytes = 0
@@ -292,7 +310,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Answer ``status`` with an empty body and close (nothing reached the app)."""
         self._head_since = None
         self._disarm()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._linger is not None:
             return
         self.logger.warning("request head refused with %d (%d bytes)", status, self._head_bytes)
         self.transport.write(
@@ -300,8 +318,38 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         )
         self._linger_close()
 
+    def _close_after_response(self) -> bool:
+        """The app's answer closes the connection: linger if the request body is still coming.
+
+        (A 413 for a declared body, a 4xx from admission: closing at once with the
+        body still arriving would reset the connection under the answer.)
+        """
+        if (self._body_done and not self._unswitched) or self._linger is not None:
+            return False
+        self._linger_close()
+        return True
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a malformed request, closed lingering (the same bytes)."""
+        content = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend(
+            [
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: " + str(len(msg)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n",
+                b"\r\n",
+                msg.encode("ascii"),
+            ]
+        )
+        self._head_since = None
+        self.transport.write(b"".join(content))
+        self._linger_close()
+
     def _linger_close(self) -> None:
         """Shut the sending side after the answer; read and discard until the client is done."""
+        self._disarm()
         transport = self.transport
         now = self.loop.time()
         self._linger = (now, now + LINGER_MAX_S)

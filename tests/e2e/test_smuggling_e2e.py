@@ -226,14 +226,14 @@ def test_a_duplicate_host_gets_400_and_reaches_nothing(
 
 
 def test_a_head_far_over_the_limit_still_reads_its_431(origin: tuple[Origin, int]) -> None:
-    """Issue 27.7: a client that sends 8 MB of head, then reads, gets its 431 (no reset).
+    """Issue 27.7: a client that sends 64 MB of head, then reads, gets its 431 (no reset).
 
     As curl or httpx do: the whole request is written before the answer is read.
     Without a lingering close the server resets the connection while the
     client is still writing, and the client sees a send error, not the 431.
     """
     _, up_port = origin
-    head = b"GET / HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"a" * (8 << 20)
+    head = b"GET / HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"a" * (64 << 20)
     with _serve_gateway(up_port) as port, socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(15)
         sock.sendall(head)
@@ -241,3 +241,34 @@ def test_a_head_far_over_the_limit_still_reads_its_431(origin: tuple[Origin, int
         while chunk := sock.recv(65536):
             received += chunk
     assert received.startswith(b"HTTP/1.1 431 "), received[:100]
+
+
+def _send_all_then_read(port: int, data: bytes) -> bytes:
+    """Write all of ``data`` (as curl does), then read the answer to EOF."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(15)
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /big HTTP/1.1\r\nHost: gw\r\nContent-Length: 104857600\r\n\r\n", 413),
+        (
+            b"POST /bad HTTP/1.1\r\nHost: gw\r\nX-Bad\x01: v\r\nContent-Length: 104857600\r\n\r\n",
+            400,
+        ),
+    ],
+)
+def test_an_early_refusal_is_read_by_a_client_still_sending_its_body(
+    origin: tuple[Origin, int], head: bytes, status: int
+) -> None:
+    """A 413 from the stack or uvicorn's 400, answered before 64 MB of body: read, not reset."""
+    _, up_port = origin
+    with _serve_gateway(up_port) as port:
+        received = _send_all_then_read(port, head + b"z" * (64 << 20))
+    assert received.startswith(b"HTTP/1.1 %d " % status), received[:100]

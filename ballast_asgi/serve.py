@@ -33,7 +33,10 @@ upgrade`` with an ``Upgrade`` other than a websocket uvicorn takes, and
 ``CONNECT``): httptools parses nothing after its head, so the connection is
 closed after the answer (``connection: close``) instead of holding a
 keep-alive connection on which no later request would ever be read (issue
-27 item 2; the stack refuses such a request when it declares a body).
+27 item 2; the stack refuses such a request when it declares a body, and
+``CONNECT`` always, with 405). A ``CONNECT`` in authority form
+(``CONNECT host:443``), which uvicorn cannot turn into a scope, gets the
+same 405 here.
 
 It also joins a response's writes (issue 18, hot path): uvicorn writes the
 status line and headers when the app sends ``http.response.start`` and the
@@ -241,6 +244,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_begins()
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_method() == b"CONNECT" and not self.url.startswith(b"/"):
+            self._in_head = False  # authority form: uvicorn would answer 400; refused as nginx
+            self._refuse(405)
+            return
         self._body_done = False
         self._in_head = self._began = False
         self._head_bytes = 0

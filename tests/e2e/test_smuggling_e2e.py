@@ -178,6 +178,8 @@ def test_connection_tokens_never_remove_framing_or_routing(
         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
         b"CONNECT /c HTTP/1.1\r\nHost: gw\r\nContent-Length: 5\r\n\r\nhello",
         b"CONNECT /c HTTP/1.1\r\nHost: gw\r\n\r\n",
+        b"CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\nContent-Length: 5\r\n\r\nhello",
+        b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n",
     ],
 )
 def test_upgrades_with_a_body_and_connect_are_answered_at_once(

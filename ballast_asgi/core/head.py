@@ -37,7 +37,8 @@ the way (RFC 9112 section 6, and what nginx refuses):
   with an ``Upgrade`` header) *and* declares a body: the server parses nothing
   after such a head, so the body would never arrive (issue 27 item 2). A
   body-less one is an ordinary request (``Upgrade`` is hop-by-hop and dropped;
-  ``upgrade`` records it so the connection is closed after the answer).
+  ``upgrade`` records it; the guarded server protocol closes such a connection
+  after the answer, see ``ballast_asgi/serve.py``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,16 +100,38 @@ class Parts:
         }
 
 
-def make_algorithm(config: GatewayConfig, rng: random.Random) -> LimitAlgorithm:
+def make_partition(
+    config: GatewayConfig, rng: random.Random
+) -> Callable[[bool], LimitAlgorithm] | None:
+    """The per-route algorithm factory (ADR 0013), or None for one limit.
+
+    With an upstream pool and ``upstreams.per_instance_limit`` the pool's
+    ``attach`` replaces it with the per-instance limits (``PoolLimit``).
+    """
+    lc = config.limiter
+    if lc.algorithm == "fixed" or not lc.partition_by_route:
+        return None
+
+    def build(quiet: bool) -> LimitAlgorithm:
+        initial = max(lc.initial_limit, lc.quiet_limit) if quiet else lc.initial_limit
+        return make_algorithm(config, rng, initial_limit=initial)
+
+    return build
+
+
+def make_algorithm(
+    config: GatewayConfig, rng: random.Random, *, initial_limit: int | None = None
+) -> LimitAlgorithm:
     """The configured limit algorithm, bounded by the config's caps."""
     lc = config.limiter
     if lc.algorithm == "fixed":
         return make_limit("fixed", limit=config.fixed_limit)
     max_limit = config.max_limit
     rules = lc.gradient.model_dump() if lc.algorithm == "gradient" else {}
+    initial = lc.initial_limit if initial_limit is None else initial_limit
     return make_limit(
         lc.algorithm,
-        initial_limit=min(lc.initial_limit, max_limit),
+        initial_limit=min(initial, max_limit),
         min_limit=min(lc.min_limit, max_limit),
         max_limit=max_limit,
         window_ms=lc.window_ms,
@@ -133,7 +156,13 @@ def build_parts(
     )  # fmt: skip
     cap = config.max_concurrent_requests
     lag = LoopLagMonitor() if config.limiter.subtract_loop_lag else None  # ADR 0010
-    limiter = Limiter(make_algorithm(config, rng), max_limit=cap, loop_lag=lag)
+    limiter = Limiter(
+        make_algorithm(config, rng),
+        max_limit=cap,
+        loop_lag=lag,
+        partition=make_partition(config, rng),
+        max_partitions=config.limiter.max_routes,
+    )
     q = config.admission_queue
     queue = PriorityQueue(
         max_size=q.max_queue_size,
@@ -286,8 +315,12 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
     """Apply a new config to the live collaborators, keeping in-flight state."""
     if new.limiter != old.limiter or new.max_concurrent_requests != old.max_concurrent_requests:
         parts.limiter.set_algorithm(
-            make_algorithm(new, parts.rng), max_limit=new.max_concurrent_requests, now=now
+            make_algorithm(new, parts.rng),
+            max_limit=new.max_concurrent_requests,
+            now=now,
+            partition=make_partition(new, parts.rng),
         )
+        parts.limiter.max_partitions = new.limiter.max_routes
     if new.limiter.subtract_loop_lag != (parts.limiter.loop_lag is not None):
         parts.limiter.loop_lag = LoopLagMonitor() if new.limiter.subtract_loop_lag else None
     q = new.admission_queue

@@ -1,4 +1,10 @@
-"""The gradient controller: windows, growth, backoff, probes (fed samples, no clock)."""
+"""The gradient controller: windows, growth, backoff, probes (fed samples, no clock).
+
+These rules are checked with one floor for every sample (``route_baselines``
+off, the rule before ADR 0013); every sample here has the same route, where
+the per-route floors read the same. ``tests/test_route_floors.py`` checks the
+per-route floors.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,13 @@ WINDOW_S = 0.5
 
 
 def make(**kw: object) -> GradientLimit:
-    params: dict[str, object] = {"initial_limit": 20, "min_limit": 4, "max_limit": 1000}
+    params: dict[str, object] = {
+        "initial_limit": 20,
+        "min_limit": 4,
+        "max_limit": 1000,
+        "route_baselines": False,
+        "quiet_limit": 4,
+    }
     params.update(kw)
     return GradientLimit(rng=random.Random(1), **params)  # type: ignore[arg-type]
 

@@ -13,10 +13,12 @@ from pydantic import Field, field_validator, model_validator
 
 from ballast_asgi.config.base import Frozen
 from ballast_asgi.core import breaker as brk
+from ballast_asgi.core import limiter as lim_mod
 from ballast_asgi.core import queue as q
 from ballast_asgi.core import retry_budget as rb
 from ballast_asgi.core.limit import base as lim
 from ballast_asgi.core.limit import gradient as grd
+from ballast_asgi.core.limit import route_floors as rf
 from ballast_asgi.core.outcome import DEFAULT_RETRY_STATUSES, ShedReason
 
 LimiterName = Literal["gradient", "fixed", "aimd", "vegas", "gradient2"]
@@ -58,6 +60,8 @@ class GradientConfig(Frozen):
     min_gradient: float = Field(grd.DEFAULT_MIN_GRADIENT, gt=0.0, le=1.0)
     stuck_ratio: float = Field(grd.DEFAULT_STUCK_RATIO, gt=0.0, le=1.0)
     probe_interval_s: float = Field(grd.DEFAULT_PROBE_INTERVAL_S, ge=1.0, le=3600.0)
+    #: Judge each sample against its own route's no-load RTT (ADR 0013).
+    route_baselines: bool = True
 
     @model_validator(mode="after")
     def _core_checks(self) -> GradientConfig:
@@ -87,6 +91,14 @@ class LimiterConfig(Frozen):
     window_ms: int = Field(lim.DEFAULT_WINDOW_MS, ge=10, le=60_000)
     #: Take the gateway's own event-loop lag out of every RTT sample (ADR 0010).
     subtract_loop_lag: bool = True
+    #: One adaptive limit per route (ADR 0013; not with ``fixed``, nor with
+    #: ``upstreams.per_instance_limit``): a slow or saturated endpoint cannot
+    #: spend another endpoint's permits.
+    partition_by_route: bool = True
+    #: At most this many routes get their own limit; the rest share ``~other``.
+    max_routes: int = Field(rf.DEFAULT_MAX_ROUTES, ge=2, le=1_024)
+    #: The initial limit of a route first seen (or idle) while the gateway is quiet.
+    quiet_limit: int = Field(lim_mod.DEFAULT_QUIET_LIMIT, ge=1, le=100_000)
     #: The gradient controller's rules (only with ``algorithm: gradient``).
     gradient: GradientConfig = GradientConfig()
 

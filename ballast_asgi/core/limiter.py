@@ -24,6 +24,18 @@ gateway's own event-loop lag, ``ballast_asgi.core.loop_lag``) every sample
 carries the lag measured when it was taken, so delay-based algorithms can
 tell the gateway's own lateness from backend queueing (ADR 0010); the
 limiter's own ``rtt_recent_s``/``rtt_min_s`` stay the raw round trip.
+With ``partition`` (a factory of limit algorithms; ADR 0013) the limiter is
+**partitioned by route**: ``try_acquire(now, route)`` admits a request when
+its route's own algorithm has room (and total in-flight is below
+``max_limit``), and each sample goes to its route's algorithm only, so a slow
+or saturated endpoint never spends another endpoint's permits. At most
+``max_partitions`` routes get their own; later ones share ``~other``.
+``limit`` is then the sum of the partitions' limits. ``partition(quiet)``
+builds a route's algorithm: ``quiet`` is True when the gateway has been
+answering for ``QUIET_AFTER_S`` and no route is at its limit (a new or
+long-idle route then starts at the quiet limit, not at the cold-start one);
+a partition idle (nothing in flight, no sample) for ``partition_idle_s``
+starts over, so an idle route's stale limit is not kept.
 ``live_limiters()`` lists limiters alive in the process so a test
 fixture can assert that none is left with permits in flight.
 """
@@ -37,6 +49,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ballast_asgi.core.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, OTHER_ROUTE
 from ballast_asgi.core.outcome import Outcome
 
 _LIVE: weakref.WeakSet[Limiter] = weakref.WeakSet()
@@ -51,7 +64,15 @@ def live_limiters() -> list[Limiter]:
 class Permit:
     """One unit of concurrency; release it exactly once."""
 
-    __slots__ = ("_limiter", "inflight_at_start", "limit_at_start", "released", "start")
+    __slots__ = (
+        "_limiter",
+        "inflight_at_start",
+        "limit_at_start",
+        "part",
+        "released",
+        "route",
+        "start",
+    )
 
     def __init__(
         self, limiter: Limiter, start: float, inflight_at_start: int, limit_at_start: int = 0
@@ -62,6 +83,10 @@ class Permit:
         #: The limit in force when the permit was granted (0: unknown).
         self.limit_at_start = limit_at_start
         self.released = False
+        #: The request's route key, set by the stage that knows it (ADR 0013).
+        self.route = ""
+        #: The route's partition when the limiter is partitioned.
+        self.part: _Partition | None = None
 
     def release(self, outcome: Outcome, now: float, rtt_s: float | None = None) -> None:
         """Return the permit; a second call is counted and otherwise ignored.
@@ -127,6 +152,25 @@ class _WindowedMin:
         return min((v for _, v in self._buckets), default=None)
 
 
+#: A partitioned limiter counts as quiet only after answering this long.
+QUIET_AFTER_S = 1.0
+#: The initial limit of a route's partition built while the gateway is quiet.
+DEFAULT_QUIET_LIMIT = 64
+#: Default seconds after which an idle partition starts over.
+DEFAULT_PARTITION_IDLE_S = 10.0
+
+
+class _Partition:
+    """One route's algorithm, in-flight count and last use."""
+
+    __slots__ = ("algorithm", "inflight", "used")
+
+    def __init__(self, algorithm: LimitAlgorithm, now: float) -> None:
+        self.algorithm = algorithm
+        self.inflight = 0
+        self.used = now
+
+
 class Limiter:
     """Hands out permits against a limit algorithm's current limit."""
 
@@ -139,7 +183,12 @@ class Limiter:
         rtt_min_window_s: float = 10.0,
         rtt_ewma_alpha: float = 0.1,
         loop_lag: Callable[[], float] | None = None,
+        partition: Callable[[bool], LimitAlgorithm] | None = None,
+        max_partitions: int = DEFAULT_MAX_ROUTES,
+        partition_idle_s: float = DEFAULT_PARTITION_IDLE_S,
     ) -> None:
+        if max_partitions < 1:
+            raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
         if max_limit is not None and max_limit < 1:
             raise ValueError(f"max_limit must be >= 1, got {max_limit}")
         if throughput_window_s <= 0 or rtt_min_window_s <= 0:
@@ -161,14 +210,48 @@ class Limiter:
         self._rtt_recent_s: float | None = None
         #: Seconds of the gateway's own event-loop lag right now (None: not measured).
         self.loop_lag = loop_lag
+        self._partition = partition
+        self.max_partitions = max_partitions
+        self._parts: dict[str, _Partition] = {}
+        self.partition_idle_s = partition_idle_s
+        self._first_sample_at: float | None = None
         _LIVE.add(self)
 
     # -- state ----------------------------------------------------------------
     @property
+    def partitioned(self) -> bool:
+        """True when every route has its own limit (ADR 0013)."""
+        return self._partition is not None
+
+    @property
     def limit(self) -> int:
-        """The enforced limit: the algorithm's, capped by ``max_limit``."""
-        limit = self.algorithm.limit
+        """The enforced limit: the algorithm's (partitioned: the sum), capped by ``max_limit``."""
+        if self._partition is not None:
+            limit = sum(p.algorithm.limit for p in self._parts.values()) or self.algorithm.limit
+        else:
+            limit = self.algorithm.limit
         return limit if self.max_limit is None else min(limit, self.max_limit)
+
+    def _part(self, route: str, now: float | None = None) -> _Partition:
+        part = self._parts.get(route)
+        idle = part is not None and now is not None and now - part.used >= self.partition_idle_s
+        if part is not None and idle and part.inflight == 0:  # idle: its limit is stale
+            del self._parts[route]
+            part = None
+        if part is None:
+            if len(self._parts) >= self.max_partitions - 1 and route != OTHER_ROUTE:
+                return self._part(OTHER_ROUTE, now)
+            assert self._partition is not None
+            fresh = now if now is not None else -math.inf
+            part = self._parts[route] = _Partition(self._partition(self._quiet(now)), fresh)
+        return part
+
+    def _quiet(self, now: float | None) -> bool:
+        """Answering for a while and no route at its limit: a new route may start high."""
+        first = self._first_sample_at
+        if now is None or first is None or now - first < QUIET_AFTER_S:
+            return False
+        return all(p.inflight < p.algorithm.limit for p in self._parts.values())
 
     @property
     def inflight(self) -> int:
@@ -185,35 +268,71 @@ class Limiter:
         """Minimum successful RTT over the last ``rtt_min_window_s``."""
         return self._rtt_min.value()
 
-    def has_capacity(self) -> bool:
-        """True when ``try_acquire`` would succeed now."""
-        return self._inflight < self.limit
+    def has_capacity(self, route: str = "") -> bool:
+        """True when ``try_acquire`` would succeed now (for ``route``, when partitioned)."""
+        if self._partition is None:
+            return self._inflight < self.limit
+        if self.max_limit is not None and self._inflight >= self.max_limit:
+            return False
+        part = self._part(route)  # a route never seen starts at its initial limit
+        return part.inflight < part.algorithm.limit
 
     def throughput_rps(self, now: float) -> float:
         """Completions (success or dropped) per second, recently."""
         return self._completions.rate(now)
 
     # -- permits --------------------------------------------------------------
-    def try_acquire(self, now: float) -> Permit | None:
-        """A permit if in-flight is below the limit, else None. Never blocks."""
+    def try_acquire(self, now: float, route: str = "") -> Permit | None:
+        """A permit if in-flight is below the limit, else None. Never blocks.
+
+        ``route`` is the request's route key: partitioned, its own limit decides.
+        """
+        if self._partition is not None:
+            return self._acquire_part(now, route)
         limit = self.limit
         if self._inflight >= limit:
             self.rejected += 1
             return None
         self._inflight += 1
         self.acquired += 1
-        return Permit(self, now, self._inflight, limit)
+        permit = Permit(self, now, self._inflight, limit)
+        permit.route = route
+        return permit
+
+    def _acquire_part(self, now: float, route: str) -> Permit | None:
+        part = self._part(route, now)
+        limit = part.algorithm.limit
+        capped = self.max_limit is not None and self._inflight >= self.max_limit
+        if capped or part.inflight >= limit:
+            self.rejected += 1
+            return None
+        part.inflight += 1
+        part.used = now
+        self._inflight += 1
+        self.acquired += 1
+        permit = Permit(self, now, part.inflight, limit)
+        permit.route = route if route in self._parts else OTHER_ROUTE
+        permit.part = part
+        return permit
 
     def set_algorithm(
-        self, algorithm: LimitAlgorithm, *, max_limit: int | None = None, now: float | None = None
+        self,
+        algorithm: LimitAlgorithm,
+        *,
+        max_limit: int | None = None,
+        now: float | None = None,
+        partition: Callable[[bool], LimitAlgorithm] | None = None,
     ) -> None:
         """Swap the algorithm (config reload) keeping permits in flight.
 
         With ``now`` the on-release callback runs at once, so a higher limit
         reaches queued waiters immediately; otherwise at the next release.
+        The route partitions start over (``partition``; None: one limit).
         """
         if max_limit is not None and max_limit < 1:
             raise ValueError(f"max_limit must be >= 1, got {max_limit}")
+        self._partition = partition
+        self._parts = {}
         self.algorithm = algorithm
         self.max_limit = max_limit
         if now is not None:
@@ -225,6 +344,8 @@ class Limiter:
 
     def _release(self, permit: Permit, outcome: Outcome, now: float, rtt_s: float | None) -> None:
         self._inflight -= 1
+        if permit.part is not None:
+            permit.part.inflight -= 1
         if outcome is not Outcome.IGNORED:
             self._record(permit, outcome is Outcome.DROPPED, now, rtt_s)
         self._notify(now)
@@ -238,9 +359,22 @@ class Limiter:
             self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
         lag = self.loop_lag() if self.loop_lag is not None else 0.0
         sample = Sample(
-            permit.start, rtt_s, permit.inflight_at_start, dropped, permit.limit_at_start, lag
+            permit.start,
+            rtt_s,
+            permit.inflight_at_start,
+            dropped,
+            permit.limit_at_start,
+            lag,
+            permit.route,
         )
-        self.algorithm.on_sample(sample, now)
+        if self._first_sample_at is None:
+            self._first_sample_at = now
+        part = permit.part
+        if part is not None:
+            part.used = now
+            part.algorithm.on_sample(sample, now)
+        else:
+            self.algorithm.on_sample(sample, now)
 
     def _notify(self, now: float) -> None:
         callback = self._on_release
@@ -268,6 +402,12 @@ class Limiter:
             "loop_lag_s": self.loop_lag() if self.loop_lag is not None else None,
             "algorithm_state": self.algorithm.snapshot(),
         }
+        if self._partition is not None:
+            snap["partitions"] = {
+                route: {"limit": p.algorithm.limit, "inflight": p.inflight,
+                        "algorithm_state": p.algorithm.snapshot()}
+                for route, p in sorted(self._parts.items())
+            }  # fmt: skip
         if now is not None:
             snap["throughput_rps"] = self.throughput_rps(now)
         return snap

@@ -26,6 +26,9 @@ the best waiters. ``deliver(waiter, permit)`` returns False when the waiter
 can no longer take it (its client went away, it timed out at the same
 instant); the same permit then goes to the next waiter, and a permit nobody
 takes is released as IGNORED. So a permit is never leaked nor granted twice.
+With a partitioned limiter (one limit per route, ADR 0013) it instead pops
+the best waiter *whose route has a free permit* (a full route does not block
+the others) and takes that route's permit.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class Waiter:
     timeout_at: float | None = None
     #: Opaque adapter data (e.g. the future the request awaits).
     handle: Any = None
+    #: The route key of a partitioned limiter (ADR 0013).
+    route: str = ""
     seq: int = field(default_factory=lambda: next(_SEQ))
 
     def expiry(self) -> tuple[float, ShedReason] | None:
@@ -168,14 +173,35 @@ class PriorityQueue:
         self._total += 1
         return PushResult(accepted=True, displaced=displaced)
 
-    def pop_best(self) -> Waiter | None:
-        """The next waiter to serve (highest tier; FIFO or LIFO by depth), removed."""
+    def pop_best(self, fits: Callable[[Waiter], bool] | None = None) -> Waiter | None:
+        """The next waiter to serve (highest tier; FIFO or LIFO by depth), removed.
+
+        With ``fits``, the first waiter in that order for which it is True (a
+        scan: the queue is bounded by ``max_size``).
+        """
         for p in ALL_PRIORITIES:
             tier = self._tiers[p]
-            if tier:
+            if not tier:
+                continue
+            lifo = len(tier) > self.lifo_threshold
+            if fits is None:
                 self._total -= 1
-                return tier.pop() if len(tier) > self.lifo_threshold else tier.popleft()
+                return tier.pop() if lifo else tier.popleft()
+            for w in reversed(tier) if lifo else tier:
+                if fits(w):
+                    tier.remove(w)
+                    self._total -= 1
+                    return w
         return None
+
+    def push_front(self, waiter: Waiter) -> None:
+        """Put back a waiter just popped, where it was served from (no bound check)."""
+        tier = self._tiers[waiter.priority]
+        if len(tier) >= self.lifo_threshold:
+            tier.append(waiter)
+        else:
+            tier.appendleft(waiter)
+        self._total += 1
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (timeout, disconnect); False if it was not queued."""
@@ -221,6 +247,8 @@ def dispatch(
     deliver: Callable[[Waiter, Permit], bool],
 ) -> int:
     """Grant free permits to the best waiters; return how many were granted."""
+    if limiter.partitioned:
+        return _dispatch_partitioned(queue, limiter, now, deliver)
     granted = 0
     permit: Permit | None = None
     while queue.total:
@@ -234,4 +262,26 @@ def dispatch(
             permit = None
     if permit is not None:
         permit.release(Outcome.IGNORED, now)
+    return granted
+
+
+def _dispatch_partitioned(
+    queue: PriorityQueue,
+    limiter: Limiter,
+    now: float,
+    deliver: Callable[[Waiter, Permit], bool],
+) -> int:
+    granted = 0
+    while queue.total:
+        waiter = queue.pop_best(lambda w: limiter.has_capacity(w.route))
+        if waiter is None:
+            break
+        permit = limiter.try_acquire(now, waiter.route)
+        if permit is None:  # the global cap: no route can take one now
+            queue.push_front(waiter)
+            break
+        if deliver(waiter, permit):
+            granted += 1
+        else:
+            permit.release(Outcome.IGNORED, now)
     return granted

@@ -29,6 +29,7 @@ from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.limit_route import limit_route
 from ballast_asgi.middleware.responses import ShedResponder
 
 
@@ -86,7 +87,7 @@ class ConcurrencyMiddleware:
         ctx = get_context(scope)
         permit = ctx.permit
         if permit is None and not ctx.would_shed:
-            permit = self.limiter.try_acquire(self.clock())
+            permit = self.limiter.try_acquire(self.clock(), limit_route(scope, ctx))
             if permit is None:
                 await self.refuse(ctx, scope, receive, send)
                 return

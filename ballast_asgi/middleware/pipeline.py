@@ -31,6 +31,7 @@ from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, finish
+from ballast_asgi.middleware.limit_route import limit_route
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.retry import RetryMiddleware
@@ -83,7 +84,7 @@ class Pipeline:
                 return
             concurrency = stages.concurrency
             now = concurrency.clock()
-            permit = concurrency.limiter.try_acquire(now)
+            permit = concurrency.limiter.try_acquire(now, limit_route(scope, ctx))
             if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
                 if stages.queue is not None:
                     await stages.queue.wait_then_run(scope, receive, send, ctx, now)

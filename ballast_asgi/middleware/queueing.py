@@ -45,6 +45,7 @@ from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Sen
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import replay, watch_disconnect
 from ballast_asgi.middleware.context import RequestContext, get_context
+from ballast_asgi.middleware.limit_route import limit_route
 from ballast_asgi.middleware.responses import ShedResponder
 
 #: The result a waiter's future gets when its client disconnects.
@@ -86,7 +87,7 @@ class QueueMiddleware:
         ctx = get_context(scope)
         if ctx.permit is None and not ctx.would_shed:
             now = self.clock()
-            permit = self.limiter.try_acquire(now)
+            permit = self.limiter.try_acquire(now, limit_route(scope, ctx))
             if permit is None:
                 await self.wait_then_run(scope, receive, send, ctx, now)
                 return
@@ -111,7 +112,8 @@ class QueueMiddleware:
             return
         loop = asyncio.get_running_loop()
         timeout_at = None if self.queue_timeout_s is None else now + self.queue_timeout_s
-        waiter = Waiter(ctx.priority, now, ctx.deadline, timeout_at, loop.create_future())
+        route = limit_route(scope, ctx)
+        waiter = Waiter(ctx.priority, now, ctx.deadline, timeout_at, loop.create_future(), route)
         pushed = self.queue.push(waiter)
         if pushed.displaced is not None:
             self._leave(pushed.displaced, ShedReason.QUEUE_FULL)

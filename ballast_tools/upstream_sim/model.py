@@ -23,6 +23,13 @@ Shrinking never interrupts a request in service: a worker that finishes while
 more workers are busy than the profile allows retires instead of taking the
 next request.
 
+Path classes (``Profile.paths``, issue 28): a real service has endpoints of
+very different latency. Each ``PathClass`` is a path prefix with its own
+worker pool and its own service time (times ``latency_multiplier``); a request
+whose path starts with a class's prefix (the first match in order) uses that
+pool, any other request the default pool above. Each class's capacity is
+``workers / service_s``; a saturated class queues without slowing the others.
+
 Deadlines (``X-Deadline-Ms``) are only recorded: a request that finishes after
 its deadline counts as ``finished_after_deadline`` (wasted work). With
 ``drop_expired`` a request whose deadline passed while it queued is dropped
@@ -44,6 +51,27 @@ T = TypeVar("T")
 STAT_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
+#: At most this many path classes (the admin API's bound as well).
+MAX_PATH_CLASSES = 16
+
+
+@dataclass(frozen=True)
+class PathClass:
+    """An endpoint class: requests whose path starts with ``prefix``."""
+
+    prefix: str
+    workers: int
+    service_s: float
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/"):
+            raise ValueError(f"paths[].prefix must start with '/', got {self.prefix!r}")
+        if self.workers < 1:
+            raise ValueError("paths[].workers must be >= 1")
+        if self.service_s < 0:
+            raise ValueError("paths[].service_s must be >= 0")
+
+
 @dataclass(frozen=True)
 class Profile:
     """How the backend behaves; every field can change live."""
@@ -56,8 +84,12 @@ class Profile:
     error_rate: float = 0.0
     error_status: int = 500
     drop_expired: bool = False
+    #: Endpoint classes, matched by path prefix in order (empty: one class).
+    paths: tuple[PathClass, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.paths) > MAX_PATH_CLASSES:
+            raise ValueError(f"paths holds at most {MAX_PATH_CLASSES} classes")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.fast_s < 0 or self.slow_s < 0:
@@ -89,10 +121,21 @@ class Service:
     expired: bool = False
 
 
-def sample_service(profile: Profile, rng: random.Random) -> Service:
-    """Draw one request's service time and error outcome."""
-    slow = rng.random() < profile.slow_fraction
-    base_s = profile.slow_s if slow else profile.fast_s
+def path_class(profile: Profile, path: str) -> int:
+    """Index of the first class whose prefix ``path`` starts with; -1: the default pool."""
+    for i, cls in enumerate(profile.paths):
+        if path.startswith(cls.prefix):
+            return i
+    return -1
+
+
+def sample_service(profile: Profile, rng: random.Random, cls: int = -1) -> Service:
+    """Draw one request's service time and error outcome (``cls``: its path class)."""
+    if cls >= 0:
+        base_s = profile.paths[cls].service_s
+    else:
+        slow = rng.random() < profile.slow_fraction
+        base_s = profile.slow_s if slow else profile.fast_s
     error = profile.error_rate > 0 and rng.random() < profile.error_rate
     return Service(base_s * profile.latency_multiplier, error)
 
@@ -192,26 +235,42 @@ class Simulator(Generic[T]):
         self.profile = profile
         self.rng = rng
         self.pool: WorkerPool[T] = WorkerPool(profile.workers)
+        #: One pool per path class (``Profile.paths``), by class index.
+        self.class_pools: list[WorkerPool[T]] = [WorkerPool(c.workers) for c in profile.paths]
         self.stats = SimStats()
 
-    def arrive(self, token: T) -> bool:
+    def classify(self, path: str) -> int:
+        """The path class of ``path`` under the current profile (-1: default pool)."""
+        return path_class(self.profile, path) if self.profile.paths else -1
+
+    def _pool(self, cls: int) -> WorkerPool[T]:
+        return self.class_pools[cls] if 0 <= cls < len(self.class_pools) else self.pool
+
+    def arrive(self, token: T, cls: int = -1) -> bool:
         """A request arrives; True when it holds a worker now, else it is queued."""
         self.stats.arrived += 1
-        started = self.pool.arrive(token)
-        if self.pool.queue_len > self.stats.max_queue_len:
-            self.stats.max_queue_len = self.pool.queue_len
+        pool = self._pool(cls)
+        started = pool.arrive(token)
+        if pool.queue_len > self.stats.max_queue_len:
+            self.stats.max_queue_len = pool.queue_len
         return started
 
-    def begin(self, arrived_s: float, deadline_s: float | None, now: float) -> Service:
+    def begin(
+        self, arrived_s: float, deadline_s: float | None, now: float, cls: int = -1
+    ) -> Service:
         """A request reached a worker: record its queue wait and draw its service."""
         self.stats.queue_wait_s.record(now - arrived_s)
         if self.profile.drop_expired and deadline_s is not None and now >= deadline_s:
             return Service(0.0, expired=True)
-        service = sample_service(self.profile, self.rng)
+        if cls >= len(self.profile.paths):
+            cls = -1  # the class was removed while the request waited
+        service = sample_service(self.profile, self.rng, cls)
         self.stats.service_s.record(service.duration_s)
         return service
 
-    def end(self, service: Service, deadline_s: float | None, now: float) -> T | None:
+    def end(
+        self, service: Service, deadline_s: float | None, now: float, cls: int = -1
+    ) -> T | None:
         """A request leaves its worker; returns the waiter that takes the worker next."""
         stats = self.stats
         if service.expired:
@@ -223,20 +282,31 @@ class Simulator(Generic[T]):
                 stats.served += 1
             if deadline_s is not None and now > deadline_s:
                 stats.finished_after_deadline += 1
-        return self.pool.release()
+        return self._pool(cls).release()
 
-    def release(self) -> T | None:
+    def release(self, cls: int = -1) -> T | None:
         """Free a worker without recording anything (its waiter was gone)."""
-        return self.pool.release()
+        return self._pool(cls).release()
 
     def set_profile(self, profile: Profile) -> list[T]:
-        """Apply a new profile live; returns waiters that start on added workers."""
+        """Apply a new profile live; returns waiters that start on added workers.
+
+        Class pools are matched by index: a class that stays keeps its pool
+        (resized); a removed class's pool keeps draining its queue at its last
+        size (its requests then use the default service time).
+        """
         self.profile = profile
-        return self.pool.resize(profile.workers)
+        started = self.pool.resize(profile.workers)
+        for i, cls in enumerate(profile.paths):
+            if i < len(self.class_pools):
+                started += self.class_pools[i].resize(cls.workers)
+            else:
+                self.class_pools.append(WorkerPool(cls.workers))
+        return started
 
     def cancel(self, token: T) -> bool:
         """Remove a waiter that will not be served (e.g. server shutdown)."""
-        return self.pool.remove(token)
+        return any(pool.remove(token) for pool in (self.pool, *self.class_pools))
 
     def reset_stats(self) -> None:
         """Start counting afresh (the queue and workers are untouched)."""
@@ -247,8 +317,8 @@ class Simulator(Generic[T]):
         out = self.stats.to_dict()
         out.update(
             workers=self.pool.workers,
-            busy=self.pool.busy,
-            queue_len=self.pool.queue_len,
+            busy=self.pool.busy + sum(p.busy for p in self.class_pools),
+            queue_len=self.pool.queue_len + sum(p.queue_len for p in self.class_pools),
             capacity_rps=finite_or_none(self.profile.capacity_rps),
         )
         return out

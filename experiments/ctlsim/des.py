@@ -36,21 +36,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast_asgi.core.limit import make_limit
+from ballast_asgi.core.limit import LimitAlgorithm, make_limit
 from ballast_asgi.core.limit.base import (
     DEFAULT_INITIAL_LIMIT,
     DEFAULT_MAX_LIMIT,
     DEFAULT_MIN_LIMIT,
     DEFAULT_WINDOW_MS,
 )
-from ballast_asgi.core.limiter import Limiter, Permit
+from ballast_asgi.core.limiter import DEFAULT_QUIET_LIMIT, Limiter, Permit
 from ballast_asgi.core.loop_lag import LoopLag
 from ballast_asgi.core.outcome import Outcome
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
 from ballast_tools.loadgen.schedule import build_schedule, make_tiers
-from ballast_tools.upstream_sim.model import Profile, Service, Simulator
-from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, parse_limiter
+from ballast_tools.upstream_sim.model import PathClass, Profile, Service, Simulator
+from experiments.sweep.plan import (
+    BURST,
+    DEADLINES_S,
+    FAST_MS,
+    HETERO_CLASSES,
+    MIX,
+    QUIET_RPS,
+    QUIET_S,
+    SLOW_MS,
+    RunSpec,
+    parse_limiter,
+)
 
 #: One-way transport + event-loop time per hop (fixed part, and the mean of an
 #: exponential extra drawn per hop).
@@ -64,7 +75,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"slow_start_tolerance": 0, "shrink_headroom": 0, "queue_tolerance": 1.0},
     ),
     "gradient-q1.5": ("gradient", {"queue_tolerance_binding": 1.5}),
+    # ADR 0013: one floor for every route, shrinking to the peak when quiet (today's rule)
+    "gradient-one": ("gradient", {"route_baselines": False, "quiet_limit": 4}),
+    # ADR 0013 candidates: per-route floors without the quiet floor; a higher start
+    "gradient-routes-only": ("gradient", {"quiet_limit": 4}),
+    "gradient-i64": ("gradient", {"initial_limit": 64}),
+    "gradient-one-i64": ("gradient", {"route_baselines": False, "initial_limit": 64}),
 }
+#: A limiter name ending in ``-part`` gets one limit per route (``Limiter(partition=...)``).
+PART_SUFFIX = "-part"
 #: An ``asyncio.sleep(t)`` lasts about this much longer than ``t`` (measured
 #: capacity 264 rps against the model's 269).
 SLEEP_OVERSHOOT_S = 0.0006
@@ -99,6 +118,9 @@ class Req:
     status: str = ""
     permit: Permit | None = None
     waiter: Waiter | None = None
+    #: Path class index (-1: the default pool) and its route key.
+    cls: int = -1
+    route: str = ""
 
 
 @dataclass
@@ -136,46 +158,74 @@ class Model:
         #: When the gateway's event loop is next free (its backlog is the loop lag).
         self.loop_free = 0.0
         name, fixed = parse_limiter(spec.limiter)
+        part = name.endswith(PART_SUFFIX)
+        name = name.removesuffix(PART_SUFFIX)
         blind = name.endswith("-blind")
         name = name.removesuffix("-blind")
         name, params = VARIANTS.get(name, (name, {}))
         params = {**params, **(algo_params or {})}
-        if fixed is not None:
-            algo = make_limit("fixed", limit=fixed)
-        else:
-            algo = make_limit(name, initial_limit=DEFAULT_INITIAL_LIMIT,
-                              min_limit=DEFAULT_MIN_LIMIT, max_limit=DEFAULT_MAX_LIMIT,
-                              window_ms=DEFAULT_WINDOW_MS, rng=random.Random(spec.seed),
-                              **params)  # fmt: skip
+        rng = random.Random(spec.seed)
+
+        def build(quiet: bool = False) -> LimitAlgorithm:
+            if fixed is not None:
+                return make_limit("fixed", limit=fixed)
+            kw = {"initial_limit": DEFAULT_QUIET_LIMIT if quiet else DEFAULT_INITIAL_LIMIT,
+                  **params}  # fmt: skip
+            return make_limit(name, min_limit=DEFAULT_MIN_LIMIT, max_limit=DEFAULT_MAX_LIMIT,
+                              window_ms=DEFAULT_WINDOW_MS, rng=rng, **kw)  # fmt: skip
+
         self.lag = LoopLag()
         lag_source = None if blind else (lambda: self.lag.estimate(self.clock.now))
-        self.limiter = Limiter(algo, max_limit=DEFAULT_MAX_LIMIT, loop_lag=lag_source)
+        self.limiter = Limiter(build(), max_limit=DEFAULT_MAX_LIMIT, loop_lag=lag_source,
+                               partition=build if part else None)  # fmt: skip
         self.queue = PriorityQueue()  # the gateway's defaults
         self.limiter.set_on_release(self._dispatch)
-        profile = Profile(spec.workers, FAST_MS * spec.k / 1e3, SLOW_MS * spec.k / 1e3)
+        paths: tuple[PathClass, ...] = ()
+        if spec.scenario in ("hetero", "quiet"):
+            slow_workers = BURST if spec.scenario == "quiet" else None
+            paths = tuple(PathClass(p, slow_workers if slow_workers and ms >= 1000 else w,
+                                    ms * spec.k / 1e3)
+                          for p, ms, _, w, _ in HETERO_CLASSES)  # fmt: skip
+        profile = Profile(spec.workers, FAST_MS * spec.k / 1e3, SLOW_MS * spec.k / 1e3, paths=paths)
         self.sim: Simulator[Req] = Simulator(profile, random.Random(spec.seed))
         self.hop_rng = random.Random(spec.seed + 1)
         self.reqs: list[Req] = []
         self.limits: list[tuple[float, int]] = []
 
     # -- driving --------------------------------------------------------------
+    def _arrivals(self) -> list[Req]:
+        spec = self.spec
+        tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
+        if spec.scenario == "quiet":  # a quiet spell of fast requests, then a burst of slow
+            fast = [Req(i / QUIET_RPS, 1, i / QUIET_RPS + 1.0, cls=0, route="/fast")
+                    for i in range(int(QUIET_S * QUIET_RPS))]  # fmt: skip
+            burst = [Req(QUIET_S, 1, QUIET_S + 30.0, cls=2, route="/slow") for _ in range(BURST)]
+            return fast + burst
+        rng = random.Random(spec.seed)
+        sched = build_schedule(spec.rate_rps, spec.duration_s, rng, tiers=tiers)
+        out = []
+        shares = [share for _, _, share, _, _ in HETERO_CLASSES]
+        for off, tid in zip(sched.offsets_s, sched.tier_ids, strict=True):
+            if spec.scenario == "hetero":
+                cls = rng.choices(range(len(shares)), weights=shares)[0]
+                prefix, _, _, _, deadline_s = HETERO_CLASSES[cls]
+                out.append(Req(off, tid, off + deadline_s * spec.k, cls=cls, route=prefix))
+            else:
+                out.append(Req(off, tid, off + tiers[tid].deadline_s))
+        return out
+
     def run(self) -> list[Req]:
         spec, c = self.spec, self.clock
-        tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
-        sched = build_schedule(
-            spec.rate_rps, spec.duration_s, random.Random(spec.seed), tiers=tiers
-        )
-        for off, tid in zip(sched.offsets_s, sched.tier_ids, strict=True):
-            req = Req(off, tid, off + tiers[tid].deadline_s)
+        for req in self._arrivals():
             self.reqs.append(req)
-            c.at(off, self._on_loop, self.cpu.arrive_s, self._arrive, req)
+            c.at(req.intended, self._on_loop, self.cpu.arrive_s, self._arrive, req)
         for at_s, update in spec.events:
             c.at(at_s, self._profile, update)
         t = 0.0
         while t < spec.duration_s:
             c.at(t, self._sample_limit)
             t += 0.1
-        self.ticks_until = spec.duration_s + max(DEADLINES_S) * spec.k
+        self.ticks_until = max(r.deadline for r in self.reqs) if self.reqs else 0.0
         c.at(0.0, self._tick)
         c.run()
         return self.reqs
@@ -224,12 +274,12 @@ class Model:
 
     def _arrive(self, req: Req) -> None:
         now = self.clock.now
-        if self.queue.total == 0:
-            permit = self.limiter.try_acquire(now)
+        if self.queue.total == 0 or self.limiter.partitioned:
+            permit = self.limiter.try_acquire(now, req.route)
             if permit is not None:
                 self._forward(req, permit)
                 return
-        waiter = Waiter(Priority(req.tier), now, deadline=req.deadline, handle=req)
+        waiter = Waiter(Priority(req.tier), now, deadline=req.deadline, handle=req, route=req.route)
         pushed = self.queue.push(waiter)
         if not pushed.accepted:
             self._finish(req, "queue_full")
@@ -255,6 +305,7 @@ class Model:
 
     def _forward(self, req: Req, permit: Permit) -> None:
         req.permit = permit
+        permit.route = req.route
         self.clock.at(req.deadline, self._timeout, req)
         self._on_loop(self.cpu.forward_s, self._send, req)
 
@@ -269,17 +320,17 @@ class Model:
 
     # -- backend --------------------------------------------------------------
     def _backend_arrive(self, req: Req) -> None:
-        if self.sim.arrive(req):
+        if self.sim.arrive(req, req.cls):
             self._begin(req)
 
     def _begin(self, req: Req) -> None:
         now = self.clock.now
-        service = self.sim.begin(now, req.deadline, now)
+        service = self.sim.begin(now, req.deadline, now, req.cls)
         self.clock.at(now + service.duration_s + SLEEP_OVERSHOOT_S, self._end, req, service)
 
     def _end(self, req: Req, service: Service) -> None:
         now = self.clock.now
-        nxt = self.sim.end(service, req.deadline, now)
+        nxt = self.sim.end(service, req.deadline, now, req.cls)
         if nxt is not None:
             self._begin(nxt)
         self.clock.at(now + self._hop(), self._on_loop, self.cpu.response_s, self._response, req)
@@ -311,3 +362,27 @@ def summarize(model: Model, reqs: list[Req]) -> dict[str, Any]:
         "limit_min": min(lims),
         "limit_max": max(lims),
     }
+
+
+def summarize_classes(model: Model, reqs: list[Req]) -> dict[str, Any]:
+    """Per endpoint class: served, sent, p99 ms of the served, critical served share."""
+    out: dict[str, Any] = {}
+    for cls, (prefix, *_rest) in enumerate(HETERO_CLASSES):
+        mine = [r for r in reqs if r.cls == cls]
+        ok = sorted((r.done_at or 0) - r.intended for r in mine if r.status == "ok")
+        crit = [r for r in mine if r.tier == 0]
+        out[prefix] = {
+            "served": len(ok),
+            "sent": len(mine),
+            "p99_ms": ok[int(0.99 * (len(ok) - 1))] * 1e3 / model.spec.k if ok else None,
+            "critical_share": sum(r.status == "ok" for r in crit) / max(1, len(crit)),
+        }
+    return out
+
+
+def burst_makespan(model: Model, reqs: list[Req]) -> float | None:
+    """Seconds from the burst to its last slow answer (None: one was not served)."""
+    burst = [r for r in reqs if r.cls == 2]
+    if not burst or any(r.status != "ok" for r in burst):
+        return None
+    return max(r.done_at or 0.0 for r in burst) - QUIET_S

@@ -144,6 +144,30 @@ def calibration_plan(duration_s: float = 6.0) -> list[RunSpec]:
     ]
 
 
+#: Table 4 (issue 28), heterogeneous endpoints: (path prefix, service ms, share
+#: of traffic %, workers, deadline s). Each class has its own workers (the
+#: simulator's ``paths``), sized so that 1x = ``HETERO_1X_RPS`` is 30-90 % of
+#: each class's capacity: fast 1 x 2 ms (500 rps), medium 3 x 50 ms (60 rps),
+#: slow 9 x 1 s (9 rps). Every tier of a class has the class's deadline.
+HETERO_CLASSES: tuple[tuple[str, float, float, int, float], ...] = (
+    ("/fast", 2.0, 70.0, 1, 0.4),
+    ("/medium", 50.0, 26.0, 3, 1.0),
+    ("/slow", 1000.0, 4.0, 9, 3.0),
+)
+HETERO_1X_RPS = 200.0
+HETERO_LOADS = (0.5, 1, 4, 12)
+HETERO_LIMITERS = ("gradient", "gradient-one", "fixed-16", "fixed-64", "fixed-256")
+#: The quiet spell then burst: fast requests at this rate, then this many slow ones at once.
+QUIET_RPS, QUIET_S, BURST = 20.0, 10.0, 40
+
+
+def hetero(duration_s: float, loads: tuple[float, ...], limiters: tuple[str, ...]) -> list[RunSpec]:
+    """Table 4: the endpoint classes at each load multiple, every limiter."""
+    return [
+        RunSpec("hetero", lim, x, x * HETERO_1X_RPS, duration_s) for x in loads for lim in limiters
+    ]
+
+
 def with_limiters(plan: list[RunSpec], limiters: tuple[str, ...]) -> list[RunSpec]:
     """The runs of ``plan`` with these limiters; a limiter the plan lacks gets the gradient's cells.
 

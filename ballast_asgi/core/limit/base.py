@@ -19,7 +19,9 @@ A ``Sample`` describes one request that held a permit:
 * ``lag_s``: the gateway's own event-loop lag estimated when the sample was
   taken (``ballast_asgi.core.loop_lag``, 0 when not measured): part of
   ``rtt_s`` that the response spent waiting for the gateway, not the backend.
-  Delay-based algorithms use ``backend_rtt_s`` (ADR 0010).
+  Delay-based algorithms use ``backend_rtt_s`` (ADR 0010);
+* ``route``: the request's route key (``""``: unknown, one route for all), so
+  an algorithm can judge each sample against its own route's latency (ADR 0013).
 
 Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
 requests that were refused never become samples.
@@ -60,6 +62,7 @@ class Sample:
     dropped: bool = False
     limit_at_start: int = 0
     lag_s: float = 0.0
+    route: str = ""
 
     @property
     def backend_rtt_s(self) -> float:

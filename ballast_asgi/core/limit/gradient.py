@@ -32,6 +32,13 @@ backwards). The full description, with the measurements behind each rule, is
   the floor moved more than ``1 / stuck_ratio`` x restores the limit from
   before the streak.
 
+* **Routes** (``route_baselines``, ADR 0013): each sample is judged against
+  its own route's no-load RTT (``route_floors.RouteFloors``), so the mix of
+  fast and slow endpoints is not read as queueing; the floor is then 1.0 and
+  the periodic probe is replaced by a refresh from non-binding windows (no
+  probe dip). A window that did not bind never shrinks the limit below
+  ``quiet_limit`` (default: the initial limit): a quiet spell is not evidence.
+
 Parameters are keyword arguments with the defaults below (the new ones as
 module constants). References: Netflix concurrency-limits
 ``GradientLimit``/``Gradient2Limit``, Envoy adaptive concurrency (minRTT
@@ -52,6 +59,7 @@ from ballast_asgi.core.limit.base import (
     check_bounds,
     clamp,
 )
+from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, RouteFloors
 
 #: Slow start: a success that started at the limit (``binding_ratio``) and took
 #: at most this many times the no-load RTT raises the limit by ``slow_start_step``
@@ -130,6 +138,9 @@ class GradientLimit:
         shrink_headroom: float = DEFAULT_SHRINK_HEADROOM,
         queue_tolerance: float = DEFAULT_QUEUE_TOLERANCE,
         queue_tolerance_binding: float = DEFAULT_QUEUE_TOLERANCE_BINDING,
+        route_baselines: bool = True,
+        max_routes: int = DEFAULT_MAX_ROUTES,
+        quiet_limit: int | None = None,
         rng: random.Random | None = None,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
@@ -159,11 +170,20 @@ class GradientLimit:
                 raise ValueError(f"{key} must be >= 1.0, got {value}")
         self.queue_tolerance = queue_tolerance
         self.queue_tolerance_binding = queue_tolerance_binding
+        #: Per-route floors (None: one floor for every sample, before ADR 0013).
+        self.routes = (
+            RouteFloors(max_routes=max_routes, refresh_s=probe_interval_s,
+                        percentile=rtt_percentile)
+            if route_baselines else None
+        )  # fmt: skip
+        self.quiet_limit = float(clamp(quiet_limit or initial_limit, min_limit, max_limit))
+        self._route_key = ""
         #: Limit added by slow start since the last window closed.
         self._slow_started = 0.0
         self._rng = rng or random.Random(0)
         self._limit = float(initial_limit)
-        self._rtt_noload_s: float | None = None
+        #: With routes, RTTs are relative to each route's floor: the floor is 1.0.
+        self._rtt_noload_s: float | None = 1.0 if self.routes is not None else None
         self._rtt_recent_s: float | None = None
         self._probed = False
         #: Completed probes that measured the no-load RTT.
@@ -210,6 +230,8 @@ class GradientLimit:
         """Take one sample; close the window or finish a probe when due."""
         if self._window_start is None:
             self._reset_window(now)
+        if self.routes is not None:
+            sample = self._relative(sample)
         if sample.dropped:
             self._on_drop(sample, now)
         elif self._probe_start is not None:
@@ -222,9 +244,27 @@ class GradientLimit:
             self._close_window(now)
         return self.limit
 
+    def _relative(self, sample: Sample) -> Sample:
+        """``sample`` with its RTT in units of its route's floor (ADR 0013)."""
+        routes = self.routes
+        assert routes is not None
+        key = self._route_key = routes.key(sample.route)
+        rtt = sample.backend_rtt_s
+        rel = routes.relative(key, rtt, not sample.dropped)
+        return Sample(sample.start, rel, sample.inflight_at_start, sample.dropped,
+                      sample.limit_at_start, 0.0, key)  # fmt: skip
+
+    def _keep_route_rtt(self, sample: Sample) -> None:
+        routes = self.routes
+        if routes is not None:
+            routes.record(self._route_key, sample.rtt_s * routes.floors[self._route_key])
+
     def snapshot(self) -> dict[str, object]:
         """State for ``/snapshot``."""
+        routes = self.routes
         return {
+            "route_baselines": routes.snapshot() if routes is not None else None,
+            "quiet_limit": int(self.quiet_limit),
             "name": self.name,
             "limit": self.limit,
             "state": "probing" if self.probing else "measuring",
@@ -250,8 +290,10 @@ class GradientLimit:
             return  # started under the probe's limit: says nothing about the restored one
         if len(self._window_rtts) < _MAX_WINDOW_SAMPLES:
             self._window_rtts.append(sample.backend_rtt_s)
+            self._keep_route_rtt(sample)
         start, noload = self._window_start, self._rtt_noload_s
-        if self._probed and start is not None and noload is not None and sample.start >= start:
+        known = self._probed or self.routes is not None  # routes: a provisional floor at once
+        if known and start is not None and noload is not None and sample.start >= start:
             self._fresh += 1
             if sample.backend_rtt_s > self.fast_close_ratio * noload:
                 self._fresh_slow += 1
@@ -308,16 +350,20 @@ class GradientLimit:
         self.windows += 1
         recent = percentile(rtts, self.rtt_percentile)
         self._rtt_recent_s = recent
-        if self._rtt_noload_s is None or recent < self._rtt_noload_s:
+        binding = at_limit >= max(1.0, _BINDING_SHARE * len(rtts))
+        if self.routes is not None:  # the floor is 1.0: each route's own is in the table
+            self.routes.close_window(binding, now)
+        elif self._rtt_noload_s is None or recent < self._rtt_noload_s:
             self._rtt_noload_s = recent
+        assert self._rtt_noload_s is not None
         ratio = self._rtt_noload_s / recent
         self._count_stuck(ratio)
-        binding = at_limit >= max(1.0, _BINDING_SHARE * len(rtts))
         new = self._next_limit(ratio, binding, dropped, slow_started)
         if not self._probed:  # no floor yet (ratio 1 by definition): hold until the probe
             new = min(new, self._limit)
         if not binding and self._probed and self.shrink_headroom:
-            new = min(new, peak * self.shrink_headroom + math.sqrt(peak))
+            shrunk = peak * self.shrink_headroom + math.sqrt(peak)
+            new = min(new, max(shrunk, min(self.quiet_limit, self._limit)))
         self._limit = clamp(new, self.min_limit, self.max_limit)
         if not self._probed and not binding:  # nothing queued behind us: a no-load RTT
             self._probed = True
@@ -366,6 +412,7 @@ class GradientLimit:
         start = self._probe_start
         if start is not None and sample.start >= start and sample.inflight_at_start <= self.limit:
             self._probe_rtts.append(sample.backend_rtt_s)
+            self._keep_route_rtt(sample)
 
     def _maybe_end_probe(self, now: float) -> None:
         start = self._probe_start
@@ -378,7 +425,10 @@ class GradientLimit:
             moved = old is not None and new * self.stuck_ratio > old
             if moved and self._probe_restore is not None:  # the cuts chased a stale floor
                 self._saved_limit = max(self._saved_limit, self._probe_restore)
-            self._rtt_noload_s = new
+            if self.routes is not None:
+                self.routes.close_probe(moved and self._probe_restore is not None)
+            else:
+                self._rtt_noload_s = new
             self._probed = True
             self.probes += 1
         self._probe_start = None
@@ -389,6 +439,9 @@ class GradientLimit:
         self._schedule_probe(now)
 
     def _schedule_probe(self, now: float) -> None:
+        if self.routes is not None:  # floors refresh from calm windows: no periodic probe
+            self._next_probe_at = math.inf
+            return
         jitter = 1.0 + self._rng.uniform(-self.probe_jitter, self.probe_jitter)
         self._next_probe_at = now + self.probe_interval_s * jitter
 

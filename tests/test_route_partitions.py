@@ -1,0 +1,161 @@
+"""The limiter partitioned by route (ADR 0013): permits, dispatch, quiet and idle routes."""
+
+from __future__ import annotations
+
+from ballast_asgi.core.limit import LimitAlgorithm, Sample, make_limit
+from ballast_asgi.core.limiter import QUIET_AFTER_S, Limiter
+from ballast_asgi.core.outcome import Outcome
+from ballast_asgi.core.priority import Priority
+from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
+
+
+def factory(cold: int = 2, quiet: int = 6) -> object:
+    def build(is_quiet: bool) -> LimitAlgorithm:
+        return make_limit("fixed", limit=quiet if is_quiet else cold)
+
+    return build
+
+
+def parted(**kw: object) -> Limiter:
+    return Limiter(make_limit("fixed", limit=2), partition=factory(), **kw)  # type: ignore[arg-type]
+
+
+def test_a_full_route_does_not_block_another() -> None:
+    """Route /slow at its limit refuses; /fast still gets permits of its own."""
+    lim = parted()
+    slow = [lim.try_acquire(0.0, "/slow") for _ in range(3)]
+    assert slow[2] is None
+    fast = lim.try_acquire(0.0, "/fast")
+    assert fast is not None and fast.route == "/fast"
+    for p in (*slow[:2], fast):
+        assert p is not None
+        p.release(Outcome.SUCCESS, 0.1)
+    assert lim.inflight == 0
+
+
+def test_dispatch_skips_waiters_of_a_full_route() -> None:
+    """A queued /slow waiter stays while its route is full; the /fast one behind it is granted."""
+    lim = parted()
+    held = [lim.try_acquire(0.0, "/slow") for _ in range(2)]
+    q = PriorityQueue()
+    w_slow = Waiter(Priority.CRITICAL, 0.0, route="/slow")
+    w_fast = Waiter(Priority.BULK, 0.0, route="/fast")
+    q.push(w_slow)
+    q.push(w_fast)
+    got: list[Waiter] = []
+    assert dispatch(q, lim, 0.0, lambda w, p: got.append(w) or True) == 1
+    assert got == [w_fast] and q.total == 1
+    first = held[0]
+    assert first is not None
+    first.release(Outcome.SUCCESS, 0.2)
+    assert dispatch(q, lim, 0.2, lambda w, p: got.append(w) or True) == 1
+    assert got == [w_fast, w_slow] and q.total == 0
+
+
+def test_dispatch_hands_back_a_permit_nobody_takes() -> None:
+    """A waiter gone at the instant of its grant returns the permit: nothing leaks."""
+    lim = parted()
+    q = PriorityQueue()
+    q.push(Waiter(Priority.STANDARD, 0.0, route="/a"))
+    assert dispatch(q, lim, 0.0, lambda w, p: False) == 0
+    assert lim.inflight == 0
+
+
+def test_new_route_starts_at_the_quiet_limit_only_when_quiet() -> None:
+    """Cold start: the initial limit; answering for a while with no route full: the quiet one."""
+    lim = parted()
+    cold = lim.try_acquire(0.0, "/a")
+    assert cold is not None and cold.limit_at_start == 2
+    cold.release(Outcome.SUCCESS, 0.01)
+    now = 0.01 + QUIET_AFTER_S
+    quiet = lim.try_acquire(now, "/b")
+    assert quiet is not None and quiet.limit_at_start == 6
+
+
+def test_no_quiet_start_while_a_route_is_at_its_limit() -> None:
+    """A new route seen while another is saturated starts at the cold initial limit."""
+    lim = parted()
+    first = lim.try_acquire(0.0, "/a")
+    assert first is not None
+    first.release(Outcome.SUCCESS, 0.01)
+    now = 2.0
+    held = [lim.try_acquire(now, "/a") for _ in range(2)]
+    assert all(held)
+    other = lim.try_acquire(now, "/b")
+    assert other is not None and other.limit_at_start == 2
+
+
+def test_idle_route_starts_over() -> None:
+    """A route unused for partition_idle_s gets a fresh partition (the quiet limit)."""
+    lim = parted(partition_idle_s=5.0)
+    p = lim.try_acquire(0.0, "/a")
+    assert p is not None and p.limit_at_start == 2
+    p.release(Outcome.SUCCESS, 0.01)
+    again = lim.try_acquire(10.0, "/a")
+    assert again is not None and again.limit_at_start == 6
+
+
+def test_partitions_are_bounded() -> None:
+    """Thousands of routes make at most max_partitions partitions; the rest share ~other."""
+    lim = Limiter(make_limit("fixed", limit=2), partition=factory(100, 100), max_partitions=4)
+    for i in range(1000):
+        p = lim.try_acquire(0.0, f"/r{i}")
+        assert p is not None
+        p.release(Outcome.SUCCESS, 0.001)
+    snap = lim.snapshot()
+    parts = snap["partitions"]
+    assert isinstance(parts, dict) and len(parts) == 4 and "~other" in parts
+
+
+def test_each_route_samples_its_own_algorithm() -> None:
+    """A gradient per route: slow samples of /slow never cut the limit of /fast."""
+
+    def build(quiet: bool) -> LimitAlgorithm:
+        return make_limit("gradient", initial_limit=20, min_limit=4, max_limit=200)
+
+    lim = Limiter(make_limit("fixed", limit=1), partition=build)
+    now = 0.0
+    for _ in range(2000):
+        now += 0.005
+        fast = lim.try_acquire(now - 0.002, "/fast")
+        assert fast is not None
+        fast.release(Outcome.SUCCESS, now)
+        slow = lim.try_acquire(now - 1.0, "/slow")
+        if slow is not None:
+            slow.release(Outcome.SUCCESS, now, rtt_s=1.0 + (now % 3.0))
+    parts = lim.snapshot()["partitions"]
+    assert isinstance(parts, dict)
+    assert parts["/fast"]["limit"] == 20
+
+
+def test_unpartitioned_limiter_keeps_the_route_on_its_samples() -> None:
+    """Without partitions the one algorithm sees each sample's route key."""
+    seen: list[Sample] = []
+
+    class Spy:
+        name = "spy"
+        limit = 5
+
+        def on_sample(self, sample: Sample, now: float) -> int:
+            seen.append(sample)
+            return 5
+
+        def snapshot(self) -> dict[str, object]:
+            return {"name": "spy"}
+
+    lim = Limiter(Spy())
+    p = lim.try_acquire(0.0, "/x")
+    assert p is not None
+    p.release(Outcome.SUCCESS, 0.1)
+    assert seen[0].route == "/x"
+
+
+def test_reconfigure_drops_partitions_without_leaking() -> None:
+    """set_algorithm without partitions: permits taken before release cleanly, inflight 0."""
+    lim = parted()
+    p = lim.try_acquire(0.0, "/a")
+    assert p is not None
+    lim.set_algorithm(make_limit("fixed", limit=3))
+    assert not lim.partitioned
+    p.release(Outcome.SUCCESS, 0.1)
+    assert lim.inflight == 0

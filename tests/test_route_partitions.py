@@ -159,3 +159,38 @@ def test_reconfigure_drops_partitions_without_leaking() -> None:
     assert not lim.partitioned
     p.release(Outcome.SUCCESS, 0.1)
     assert lim.inflight == 0
+
+
+def test_config_keys_are_validated_by_name() -> None:
+    """limiter.max_routes, quiet_limit and partition_by_route reject bad values naming the key."""
+    import pytest
+    from pydantic import ValidationError
+
+    from ballast_asgi.config import GatewayConfig
+
+    for limiter, key in (
+        ({"max_routes": 1}, "max_routes"),
+        ({"max_routes": 5000}, "max_routes"),
+        ({"quiet_limit": 0}, "quiet_limit"),
+        ({"partition_by_route": "maybe"}, "partition_by_route"),
+        ({"gradient": {"route_baselines": "sometimes"}}, "route_baselines"),
+    ):
+        with pytest.raises(ValidationError, match=key):
+            GatewayConfig.model_validate({"limiter": limiter})
+
+
+def test_the_gateway_stack_is_partitioned_by_default_but_not_when_fixed() -> None:
+    """Default: a partitioned gradient; fixed, or partition_by_route off: one limit."""
+    import random
+
+    from ballast_asgi.config import GatewayConfig
+    from ballast_asgi.stack import make_partition
+
+    rng = random.Random(1)
+    build = make_partition(GatewayConfig(), rng)
+    assert build is not None
+    assert build(True).limit == 64 and build(False).limit == 20
+    fixed = GatewayConfig.model_validate({"limiter": {"algorithm": "fixed"}})
+    assert make_partition(fixed, rng) is None
+    off = GatewayConfig.model_validate({"limiter": {"partition_by_route": False}})
+    assert make_partition(off, rng) is None

@@ -22,7 +22,7 @@ from typing import Any
 import uvloop
 
 from ballast_tools.units import parse_duration_s
-from ballast_tools.upstream_sim.model import Profile
+from ballast_tools.upstream_sim.model import MAX_PATH_CLASSES, PathClass, Profile
 from ballast_tools.upstream_sim.server import start_sim
 
 
@@ -31,6 +31,23 @@ def _duration(text: str) -> float:
         return parse_duration_s(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _paths(text: str) -> tuple[PathClass, ...]:
+    """``"/fast=1x2ms,/slow=9x1s"``: path classes (prefix=WORKERSxSERVICE)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        prefix, sep, spec = item.partition("=")
+        workers, x, service = spec.partition("x")
+        if not sep or not x:
+            raise argparse.ArgumentTypeError(f"--paths wants PREFIX=WORKERSxSERVICE, got {item!r}")
+        try:
+            out.append(PathClass(prefix, int(workers), parse_duration_s(service)))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"--paths {item!r}: {exc}") from None
+    if len(out) > MAX_PATH_CLASSES:
+        raise argparse.ArgumentTypeError(f"--paths holds at most {MAX_PATH_CLASSES} classes")
+    return tuple(out)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--error-rate", type=float, default=0.0, help="share answered with an error")
     p.add_argument("--error-status", type=int, default=500, help="status of errors (500)")
     p.add_argument("--drop-expired", action="store_true", help="skip requests past deadline")
+    p.add_argument("--paths", type=_paths, default=(),
+                   help="endpoint classes, e.g. /fast=1x2ms,/slow=9x1s")  # fmt: skip
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
     p.add_argument("--register-etcd", metavar="URL", help="register in etcd (docs/discovery.md)")
@@ -65,6 +84,7 @@ def _profile(args: argparse.Namespace) -> Profile:
         error_rate=args.error_rate,
         error_status=args.error_status,
         drop_expired=args.drop_expired,
+        paths=args.paths,
     )
 
 

@@ -1,6 +1,7 @@
 """The simulator's two ASGI apps: raw-ASGI traffic, Starlette admin.
 
-Traffic (any method, any path): the request joins the simulator's FIFO queue,
+Traffic (any method, any path): the request joins the FIFO queue of its path
+class (``Profile.paths``, matched by prefix; the default pool otherwise),
 waits for a worker (an ``asyncio.Future`` handed over by the worker that frees
 up), holds it for its service time (``asyncio.sleep``: the simulated work),
 and gets ``200 ok`` or ``error_status``. With ``drop_expired`` a request whose
@@ -63,35 +64,36 @@ class TrafficApp:
             return
         arrived = self.clock()
         deadline = _deadline_s(scope, arrived)
-        await self._wait_for_worker()
-        service = self.sim.begin(arrived, deadline, self.clock())
+        cls = self.sim.classify(scope.get("path") or "/")
+        await self._wait_for_worker(cls)
+        service = self.sim.begin(arrived, deadline, self.clock(), cls)
         try:
             if service.duration_s > 0:
                 await asyncio.sleep(service.duration_s)
         except BaseException:
-            self.hand_over(self.sim.release())
+            self.hand_over(self.sim.release(cls), cls)
             raise
-        self.hand_over(self.sim.end(service, deadline, self.clock()))
+        self.hand_over(self.sim.end(service, deadline, self.clock(), cls), cls)
         await self._respond(send, service)
 
-    async def _wait_for_worker(self) -> None:
+    async def _wait_for_worker(self, cls: int) -> None:
         waiter: Waiter = asyncio.get_running_loop().create_future()
-        if self.sim.arrive(waiter):
+        if self.sim.arrive(waiter, cls):
             return
         try:
             await waiter
         except asyncio.CancelledError:
             if not self.sim.cancel(waiter) and waiter.done() and not waiter.cancelled():
-                self.hand_over(self.sim.release())  # granted a worker we will not use
+                self.hand_over(self.sim.release(cls), cls)  # granted a worker we will not use
             raise
 
-    def hand_over(self, waiter: Waiter | None) -> None:
-        """Give a freed worker to ``waiter``, skipping waiters that were cancelled."""
+    def hand_over(self, waiter: Waiter | None, cls: int = -1) -> None:
+        """Give a freed worker (of path class ``cls``) to ``waiter``, skipping cancelled ones."""
         while waiter is not None:
             if not waiter.done():
                 waiter.set_result(None)
                 return
-            waiter = self.sim.release()
+            waiter = self.sim.release(cls)
 
     async def _respond(self, send: Send, service: Service) -> None:
         if service.expired:
@@ -142,8 +144,8 @@ def build_admin_app(
             profile = apply_update(sim.profile, ProfileUpdate.model_validate(data))
         except ValidationError as exc:
             return _error(422, "invalid profile", _fields(exc))
-        for waiter in sim.set_profile(profile):
-            traffic.hand_over(waiter)
+        for waiter, cls in sim.set_profile_classes(profile):
+            traffic.hand_over(waiter, cls)
         return JSONResponse(profile_to_dict(profile))
 
     async def get_stats(request: Request) -> JSONResponse:

@@ -289,17 +289,21 @@ class Simulator(Generic[T]):
         return self._pool(cls).release()
 
     def set_profile(self, profile: Profile) -> list[T]:
-        """Apply a new profile live; returns waiters that start on added workers.
+        """Apply a new profile live; returns waiters that start on added workers."""
+        return [token for token, _ in self.set_profile_classes(profile)]
+
+    def set_profile_classes(self, profile: Profile) -> list[tuple[T, int]]:
+        """``set_profile``, with the path class of each waiter that starts.
 
         Class pools are matched by index: a class that stays keeps its pool
         (resized); a removed class's pool keeps draining its queue at its last
         size (its requests then use the default service time).
         """
         self.profile = profile
-        started = self.pool.resize(profile.workers)
+        started = [(token, -1) for token in self.pool.resize(profile.workers)]
         for i, cls in enumerate(profile.paths):
             if i < len(self.class_pools):
-                started += self.class_pools[i].resize(cls.workers)
+                started += [(token, i) for token in self.class_pools[i].resize(cls.workers)]
             else:
                 self.class_pools.append(WorkerPool(cls.workers))
         return started

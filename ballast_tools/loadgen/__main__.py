@@ -23,7 +23,7 @@ import uvloop
 from ballast_tools.loadgen.record import write_jsonl
 from ballast_tools.loadgen.report import format_table, summarize
 from ballast_tools.loadgen.runner import CLIENTS, LoadConfig, LoadRunner
-from ballast_tools.loadgen.schedule import make_tiers
+from ballast_tools.loadgen.schedule import make_path_tiers, make_tiers
 from ballast_tools.units import parse_duration_s
 
 
@@ -45,6 +45,21 @@ def _durations(text: str) -> list[float]:
     return [_duration(x) for x in text.split(",")]
 
 
+def _paths(text: str) -> list[tuple[str, float, float]]:
+    """``/fast=70:400ms,/slow=4:3s``: path=share:deadline per endpoint (issue 28)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        path, sep, rest = item.partition("=")
+        share, colon, deadline = rest.partition(":")
+        if not sep or not colon or not path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"--paths wants /PATH=SHARE:DEADLINE, got {item!r}")
+        try:
+            out.append((path, float(share), parse_duration_s(deadline)))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"--paths {item!r}: {exc}") from None
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ballast-load", description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="URL to load (e.g. http://127.0.0.1:8080/)")
@@ -54,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="schedule seed (default 1)")
     p.add_argument("--mix", type=_floats, default=[5, 35, 60], help="tier weights (5,35,60)")
     p.add_argument("--deadlines", type=_durations, default=[0.4, 1.0, 3.0], help="(400ms,1s,3s)")
+    p.add_argument("--paths", type=_paths, default=None,
+                   help="path mix, e.g. /fast=70:400ms,/slow=4:3s")  # fmt: skip
     p.add_argument("--connections", type=int, default=8192, help="max in flight (8192)")
     p.add_argument("--max-lag", type=_duration, default=0.5, help="not issued beyond (500ms)")
     p.add_argument("--grace", type=_duration, default=0.05, help="wait past deadline (50ms)")
@@ -81,7 +98,9 @@ def _config(args: argparse.Namespace) -> LoadConfig:
         duration_s=args.duration,
         poisson=args.poisson,
         seed=args.seed,
-        tiers=make_tiers(args.mix, args.deadlines),
+        tiers=make_path_tiers(args.paths, args.mix)
+        if args.paths
+        else make_tiers(args.mix, args.deadlines),
         max_inflight=args.connections,
         max_lag_s=args.max_lag,
         grace_s=args.grace,

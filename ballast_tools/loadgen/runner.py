@@ -294,6 +294,14 @@ class _Client(Protocol):
     async def close(self) -> None: ...
 
 
+def _with_path(target: str, path: str) -> str:
+    """``target`` with a tier's ``path`` appended to its path (``target`` when empty)."""
+    if not path:
+        return target
+    head, sep, query = target.partition("?")
+    return head.rstrip("/") + path + (sep + query if sep else "")
+
+
 def _deadline_header(budget_s: float) -> bytes:
     return b"X-Deadline-Ms: %d\r\n\r\n" % int(budget_s * 1000.0)
 
@@ -302,8 +310,12 @@ class _LeanClient:
     """The lean HTTP/1.1 client (``loadgen/lean.py``)."""
 
     def __init__(self, config: LoadConfig, tiers: tuple[Tier, ...], finish: Finish) -> None:
-        self.host, self.port, prefix = request_prefix(config.target, config.method)
-        self.heads = [prefix + b"X-Priority: %s\r\n" % t.name.encode() for t in tiers]
+        self.host, self.port, _ = request_prefix(config.target, config.method)
+        self.heads = [
+            request_prefix(_with_path(config.target, t.path), config.method)[2]
+            + b"X-Priority: %s\r\n" % t.priority_header.encode()
+            for t in tiers
+        ]
         self.grace_s, self.finish = config.grace_s, finish
         self.pool: LeanPool | None = None
 
@@ -329,8 +341,8 @@ class _AiohttpClient:
 
     def __init__(self, config: LoadConfig, tiers: tuple[Tier, ...], finish: Finish) -> None:
         self.config, self.finish = config, finish
-        self.url = URL(config.target)
-        self.names = [t.name for t in tiers]
+        self.urls = [URL(_with_path(config.target, t.path)) for t in tiers]
+        self.names = [t.priority_header for t in tiers]
         self.tasks: set[asyncio.Task[None]] = set()
         self.session: aiohttp.ClientSession | None = None
 
@@ -357,7 +369,9 @@ class _AiohttpClient:
         status, reason, detail = 0, None, ""
         try:
             async with asyncio.timeout(budget_s + self.config.grace_s):
-                async with self.session.request(self.config.method, self.url, headers=headers) as r:
+                async with self.session.request(
+                    self.config.method, self.urls[tier_id], headers=headers
+                ) as r:
                     status, reason = r.status, r.headers.get("X-Ballast-Reason")
                     await r.read()
         except TimeoutError:

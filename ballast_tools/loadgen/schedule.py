@@ -28,11 +28,23 @@ DEFAULT_DEADLINES_S = (0.4, 1.0, 3.0)
 
 @dataclass(frozen=True)
 class Tier:
-    """One traffic class: its ``X-Priority`` name, share and deadline."""
+    """One traffic class: its name, share and deadline (and path, priority header).
+
+    ``path`` (e.g. ``/slow``) is appended to the target's path; ``priority`` is
+    the ``X-Priority`` sent (the name when empty). A path mix is one tier per
+    (priority, path), e.g. ``critical:/slow`` (``make_path_tiers``).
+    """
 
     name: str
     weight: float
     deadline_s: float
+    path: str = ""
+    priority: str = ""
+
+    @property
+    def priority_header(self) -> str:
+        """The ``X-Priority`` value."""
+        return self.priority or self.name
 
 
 def make_tiers(
@@ -51,6 +63,31 @@ def make_tiers(
 
 
 DEFAULT_TIERS = make_tiers()
+
+
+def make_path_tiers(
+    paths: Sequence[tuple[str, float, float]], mix: Sequence[float] = DEFAULT_MIX
+) -> tuple[Tier, ...]:
+    """One tier per (priority, path): ``paths`` is (path, share, deadline s) per endpoint.
+
+    A request's path is drawn by ``share``, its priority by ``mix``; every
+    priority of a path has the path's deadline. Names: ``critical:/slow``.
+    """
+    if not paths:
+        raise ValueError("paths needs at least one (path, share, deadline)")
+    for path, share, deadline_s in paths:
+        if not path.startswith("/") or share < 0 or deadline_s <= 0:
+            raise ValueError(f"bad path class {path!r}: path starts with '/', share >= 0, "
+                             "deadline > 0")  # fmt: skip
+    base = make_tiers(mix)
+    total = sum(share for _, share, _ in paths) * sum(t.weight for t in base)
+    if total <= 0:
+        raise ValueError("path shares must not all be 0")
+    return tuple(
+        Tier(f"{t.name}:{path}", share * t.weight / total, deadline_s, path, t.name)
+        for path, share, deadline_s in paths
+        for t in base
+    )
 
 
 @dataclass(frozen=True)

@@ -186,24 +186,26 @@ def start_bare(procs: Procs, client: str, up: int, cpu: int | None) -> Target:
 
 def sim_cmd(
     port: int, admin: int, *, workers: int = 8, fast_ms: float = 25.0, slow_ms: float = 120.0,
-    seed: int = 1,
+    seed: int = 1, paths: str = "",
 ) -> list[str]:  # fmt: skip
-    """The simulator's command line."""
+    """The simulator's command line (``paths``: its ``--paths``, e.g. ``/slow=9x1s``)."""
     return [
         *(sys.executable, "-m", "ballast_tools.upstream_sim", "--host", HOST),
         *("--port", str(port), "--admin-port", str(admin), "--workers", str(workers)),
         *("--fast", f"{fast_ms:g}ms", "--slow", f"{slow_ms:g}ms", "--seed", str(seed)),
+        *(("--paths", paths) if paths else ()),
     ]
 
 
 def start_sim(
     procs: Procs, cpu: int | None, *, name: str = "sim", workers: int = 8,
-    fast_ms: float = 25.0, slow_ms: float = 120.0, seed: int = 1,
+    fast_ms: float = 25.0, slow_ms: float = 120.0, seed: int = 1, paths: str = "",
 ) -> Target:  # fmt: skip
     """The simulator (default 8 workers, 25 ms / 120 ms, about 270 rps)."""
 
     def cmd(port: int, admin: int) -> list[str]:
-        return sim_cmd(port, admin, workers=workers, fast_ms=fast_ms, slow_ms=slow_ms, seed=seed)
+        return sim_cmd(port, admin, workers=workers, fast_ms=fast_ms, slow_ms=slow_ms, seed=seed,
+                       paths=paths)  # fmt: skip
 
     proc, port, admin = start_on_free_ports(procs, cmd, cpu, name)
     return Target(name, port, proc.pid, path="/", admin_port=admin)

@@ -61,11 +61,12 @@ def metrics(doc: dict[str, Any]) -> dict[str, Any]:
     """The numbers the tables and targets use, for one run."""
     k = doc["spec"]["k"]
     tiers = doc["summary"]["tiers"]
-    crit = tiers["critical"]
+    crit = tiers.get("critical") or _critical_of_paths(tiers)
     p99_all = crit["latency_all_ms"]["p99"]
     p99_served = crit["latency_served_ms"]["p99"]
     sim = doc.get("sim_stats") or {}
     return {
+        "classes": path_classes(tiers, k),
         "k": k,
         "critical_sent": crit["sent"] + crit["not_issued"],
         "critical_served": crit["served"],
@@ -80,6 +81,45 @@ def metrics(doc: dict[str, Any]) -> dict[str, Any]:
         "limit_during_change": _during_change(doc),
         "bottleneck": bottleneck(doc),
     }
+
+
+def _critical_of_paths(tiers: dict[str, Any]) -> dict[str, Any]:
+    """The critical tiers of a path mix (``critical:/fast`` ...) as one: counts summed,
+    p99 the largest of theirs (an upper bound; the table shows each class's own)."""
+    crit = [t for name, t in tiers.items() if name.startswith("critical:")]
+
+    def worst(key: str) -> float | None:
+        values = [t[key]["p99"] for t in crit if t[key]["p99"] is not None]
+        return max(values) if values else None
+
+    return {
+        "sent": sum(t["sent"] for t in crit),
+        "not_issued": sum(t["not_issued"] for t in crit),
+        "served": sum(t["served"] for t in crit),
+        "latency_all_ms": {"p99": worst("latency_all_ms")},
+        "latency_served_ms": {"p99": worst("latency_served_ms")},
+    }
+
+
+def path_classes(tiers: dict[str, Any], k: float) -> dict[str, dict[str, Any]]:
+    """Per path of a path mix: served, sent, served p99 / max ms (undilated), critical share."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in tiers.items():
+        prio, sep, path = name.partition(":")
+        if not sep:
+            continue
+        c = out.setdefault(path, {"served": 0, "sent": 0, "p99_ms": None, "max_ms": None,
+                                  "critical_served": 0, "critical_sent": 0})  # fmt: skip
+        c["served"] += t["served"]
+        c["sent"] += t["sent"] + t["not_issued"]
+        for key, field in (("p99_ms", "p99"), ("max_ms", "max")):
+            v = t["latency_served_ms"].get(field)
+            if v is not None:
+                c[key] = max(c[key] or 0.0, v / k)
+        if prio == "critical":
+            c["critical_served"] += t["served"]
+            c["critical_sent"] += t["sent"] + t["not_issued"]
+    return out
 
 
 def _during_change(doc: dict[str, Any]) -> dict[str, Any] | None:

@@ -27,12 +27,24 @@ import aiohttp
 
 from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
-from ballast_tools.loadgen.schedule import make_tiers
+from ballast_tools.loadgen.schedule import Schedule, make_path_tiers, make_tiers
 from experiments._harness.cpu import busy_all, cpu_s, cpu_ticks, realtime, steal_all, steal_ticks
 from experiments._harness.jsonio import get_json, post_json, wait_ok
 from experiments._harness.procs import Procs
 from experiments._harness.servers import Target, start_gateway, start_sim
-from experiments.sweep.plan import DEADLINES_S, FAST_MS, MIX, SLOW_MS, RunSpec, parse_limiter
+from experiments.sweep.plan import (
+    BURST,
+    DEADLINES_S,
+    FAST_MS,
+    HETERO_CLASSES,
+    MIX,
+    QUIET_RPS,
+    QUIET_S,
+    SLOW_MS,
+    RunSpec,
+    parse_limiter,
+    sim_paths,
+)
 
 SAMPLE_PERIOD_S = 0.2
 #: The generator waits this long past a request's deadline before it gives up
@@ -51,9 +63,13 @@ def gateway_yaml(spec: RunSpec) -> str:
     """The gateway config of ``spec``: everything default except the limiter and early drop."""
     algorithm, fixed = parse_limiter(spec.limiter)
     blind = algorithm.endswith("-blind")  # e.g. gradient-blind: the loop lag left in (ADR 0010)
-    lines = ["limiter:", f"  algorithm: {algorithm.removesuffix('-blind')}"]
+    one = algorithm == "gradient-one"  # one limit, one floor: the gradient before ADR 0013
+    algorithm = "gradient" if one else algorithm.removesuffix("-blind")
+    lines = ["limiter:", f"  algorithm: {algorithm}"]
     if blind:
         lines.append("  subtract_loop_lag: false")
+    if one:
+        lines += ["  partition_by_route: false", "  gradient:", "    route_baselines: false"]
     if fixed is not None:
         lines.append(f"  fixed_limit: {fixed}")
     lines += ["admission:", f"  early_drop: {str(spec.early_drop).lower()}"]
@@ -97,29 +113,51 @@ async def show_progress(runner: LoadRunner, progress: Progress) -> None:
 
 
 def _load_config(spec: RunSpec, target: str) -> LoadConfig:
-    tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
+    if spec.scenario in ("hetero", "quiet"):
+        quiet = spec.scenario == "quiet"  # no deadline that the burst could miss: it is timed
+        tiers = make_path_tiers([(p, share, (30.0 if quiet else d) * spec.k)
+                                 for p, _, share, _, d in HETERO_CLASSES], MIX)  # fmt: skip
+    else:
+        tiers = make_tiers(MIX, [d * spec.k for d in DEADLINES_S])
     warm = min(WARM_MAX, int(spec.rate_rps * WARM_S))
     return LoadConfig(target=target, rate_rps=spec.rate_rps, duration_s=spec.duration_s,
                       seed=spec.seed, tiers=tiers, grace_s=GRACE_S * spec.k,
                       warm_connections=warm)  # fmt: skip
 
 
-async def drive(spec: RunSpec, sim: Target, gw: Target, progress: Progress) -> dict[str, Any]:
-    """Run the load against a started pair; return the raw result document."""
+def quiet_schedule(config: LoadConfig) -> Schedule:
+    """A quiet spell (one fast request every 1 / ``QUIET_RPS`` s), then ``BURST`` slow at once."""
+    tiers = config.tiers
+    fast = next(i for i, t in enumerate(tiers) if t.name == "standard:/fast")
+    slow = next(i for i, t in enumerate(tiers) if t.name == "standard:/slow")
+    n = int(QUIET_S * QUIET_RPS)
+    offsets = [i / QUIET_RPS for i in range(n)] + [QUIET_S] * BURST
+    return Schedule(offsets, [fast] * n + [slow] * BURST, tiers, config.duration_s)
+
+
+async def drive(
+    spec: RunSpec, sim: Target, gw: Target | None, progress: Progress
+) -> dict[str, Any]:
+    """Run the load against a started pair (``gw`` None: the simulator directly)."""
     samples: list[list[float]] = []
-    pids = {"gateway": gw.pid, "sim": sim.pid}
+    pids = {"gateway": gw.pid if gw else 0, "sim": sim.pid}
     async with aiohttp.ClientSession() as http:
         await wait_ok(http, f"{sim.admin}/health")
-        await wait_ok(http, f"{gw.admin}/health")
-        runner = LoadRunner(_load_config(spec, f"{gw.base}/"))
+        if gw is not None:
+            await wait_ok(http, f"{gw.admin}/health")
+        config = _load_config(spec, f"{(gw or sim).base}/")
+        schedule = quiet_schedule(config) if spec.scenario == "quiet" else None
+        runner = LoadRunner(config, schedule)
         cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
         ticks0, steal0, wall0 = cpu_ticks(), steal_ticks(), time.monotonic()
         t0 = wall0 + 0.05  # the runner starts its schedule 50 ms after run()
         helpers = [
-            asyncio.create_task(sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples)),
             asyncio.create_task(apply_events(http, f"{sim.admin}/profile", spec, t0)),
             asyncio.create_task(show_progress(runner, progress)),
         ]
+        if gw is not None:
+            helpers.append(asyncio.create_task(
+                sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples)))  # fmt: skip
         try:
             result = await runner.run()
         finally:
@@ -159,8 +197,15 @@ async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, An
         sim = start_sim(
             procs, SIM_CPU, name=f"{spec.name}-sim", workers=spec.workers,
             fast_ms=FAST_MS * spec.k, slow_ms=SLOW_MS * spec.k, seed=spec.seed,
+            paths=sim_paths(spec),
         )  # fmt: skip
-        gw = start_gateway(procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec))
+        gw = (
+            None
+            if spec.limiter == "direct"
+            else start_gateway(
+                procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec)
+            )
+        )
         with realtime() as policy:
             doc = await drive(spec, sim, gw, progress)
     finally:

@@ -116,7 +116,7 @@ def early_drop(duration_s: float, loads: tuple[float, ...]) -> list[RunSpec]:
 
 
 def full_plan() -> list[RunSpec]:
-    """``make experiment``: 32 runs per repetition, about 10 minutes each.
+    """``make experiment``: 56 runs per repetition (table 4: 24 of them, issue 28).
 
     Gradient2 and Vegas run in the degrade and the swing (where the limit has to
     move); the early-drop rows (``early_drop()``, no effect in the last run
@@ -126,6 +126,8 @@ def full_plan() -> list[RunSpec]:
         *sweep(10.0, SWEEP_LOADS, SWEEP_LIMITERS),
         *degrade(24.0, CHANGE_LIMITERS),
         *swing(24.0, CHANGE_LIMITERS),
+        *hetero(10.0, HETERO_LOADS, HETERO_LIMITERS),
+        *quiet(),
     ]
 
 
@@ -166,6 +168,28 @@ def hetero(duration_s: float, loads: tuple[float, ...], limiters: tuple[str, ...
     return [
         RunSpec("hetero", lim, x, x * HETERO_1X_RPS, duration_s) for x in loads for lim in limiters
     ]
+
+
+#: The quiet-spell rows: the real-time "direct" row sends the same schedule to
+#: the simulator without a gateway.
+QUIET_LIMITERS = ("gradient", "gradient-one", "fixed-16", "direct")
+
+
+def quiet(limiters: tuple[str, ...] = QUIET_LIMITERS) -> list[RunSpec]:
+    """Table 4's last row: a quiet spell of fast requests, then 40 slow ones at once."""
+    return [RunSpec("quiet", lim, 1, QUIET_RPS, QUIET_S + 4.0) for lim in limiters]
+
+
+def sim_paths(spec: RunSpec) -> str:
+    """The simulator's ``--paths`` for ``spec`` (empty: one class)."""
+    if spec.scenario not in ("hetero", "quiet"):
+        return ""
+    out = []
+    for prefix, ms, _, workers, _ in HETERO_CLASSES:
+        if spec.scenario == "quiet" and ms >= 1000:
+            workers = BURST  # the burst runs in parallel directly: 1 s is "direct"
+        out.append(f"{prefix}={workers}x{ms * spec.k:g}ms")
+    return ",".join(out)
 
 
 def with_limiters(plan: list[RunSpec], limiters: tuple[str, ...]) -> list[RunSpec]:

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from experiments.sweep import metrics as em
-from experiments.sweep.plan import CAPACITY_1X_RPS, MODEL_CAPACITY_RPS, SWEEP_LOADS
+from experiments.sweep.plan import (
+    CAPACITY_1X_RPS,
+    HETERO_1X_RPS,
+    HETERO_CLASSES,
+    MODEL_CAPACITY_RPS,
+    SWEEP_LOADS,
+)
 from experiments.sweep.reps import combine, group, median_run, spread_text
 
 NOTES_MARKER = "<!-- notes -->"
@@ -109,6 +115,40 @@ def event_table(idx: Index, scenario: str) -> list[str]:
     return rows
 
 
+def hetero_table(idx: Index) -> list[str]:
+    """Table 4: per endpoint class, served / sent, served p99 and critical served."""
+    loads = sorted({x for sc, _, x in idx if sc == "hetero"})
+    classes = [c[0] for c in HETERO_CLASSES]
+    rows = [_row(["load", "limiter", *classes]), _row(["---"] * (2 + len(classes)))]
+    for x in loads:
+        for label in _labels(idx, "hetero"):
+            m = idx.get(("hetero", label, x))
+            if m is None:
+                continue
+            cells = []
+            for cls in classes:
+                c = m["classes"].get(cls)
+                if c is None:
+                    cells.append("-")
+                    continue
+                cells.append(f"{c['served']:,} / {c['sent']:,}, p99 {em.fmt_ms(c['p99_ms'])}, "
+                             f"critical {c['critical_served']}/{c['critical_sent']}")  # fmt: skip
+            rows.append(_row([f"{x:g}x", f"{label}{em.flag_text(m)}", *cells]))
+    quiet = [(label, idx[("quiet", label, 1.0)]) for label in _labels(idx, "quiet")]
+    if quiet:
+        rows += ["", "Quiet spell then a burst of 40 slow requests: seconds from the burst "
+                 "to its last answer (served / 40).", "",
+                 _row([label for label, _ in quiet]), _row(["---"] * len(quiet)),
+                 _row([_burst_text(m) for _, m in quiet])]  # fmt: skip
+    return rows
+
+
+def _burst_text(m: dict[str, Any]) -> str:
+    slow = m["classes"].get("/slow") or {}
+    span = slow.get("max_ms")
+    return f"{(span or 0) / 1e3:.3f} s ({slow.get('served', 0)} / {slow.get('sent', 0)})"
+
+
 def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
     """Every run's own-process signals."""
     head = ["run", "k", "gen lag p99 ms", "not issued", "gen us/req", "gateway CPU",
@@ -120,7 +160,7 @@ def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
         busy, steal = b["cpu_busy"] or {}, b.get("cpu_steal") or {}
         rows.append(_row([d["spec"]["name"], f"{d['spec']['k']:g}", f"{b['gen_lag_p99_ms']:.1f}",
             f"{b['gen_not_issued_share']:.2%}", f"{b['gen_cpu_us_per_request'] or 0:.0f}",
-            f"{b['gateway_cpu_share']:.0%}",
+            f"{b['gateway_cpu_share'] or 0:.0%}",
             f"{b['gateway_snapshot_p50_ms']:.1f} / {b['gateway_snapshot_p99_ms']:.1f}",
             f"{b['sim_cpu_share']:.0%}",
             f"{busy.get('0', 0):.0%} / {busy.get('1', 0):.0%}",
@@ -197,8 +237,17 @@ def render(docs: list[dict[str, Any]], meta: dict[str, Any], targets: list[str])
             "## 3. When the capacity changes", "",
             "1,600 rps offered; workers 8 -> 64 -> 8 in thirds of a 24 s run.", "",
             *event_table(idx, "swing"), "", "![swing limit](img/exp_swing.png)", "",
-            "![swing served](img/exp_swing_served.png)", "",
-            "## Targets", "", *targets, "",
+            "![swing served](img/exp_swing_served.png)", ""]  # fmt: skip
+    if any(sc in ("hetero", "quiet") for sc, _, _ in idx):
+        out += ["## 4. Heterogeneous endpoints (issue 28)", "",
+                f"Three endpoint classes, each with its own workers (1x = {HETERO_1X_RPS:g} rps): "
+                + "; ".join(f"`{p}` {w} x {ms:g} ms, {sh:g} % of traffic, deadline {d:g} s"
+                            for p, ms, sh, w, d in HETERO_CLASSES)
+                + ". `gradient` is the default (a limit per route, ADR 0013); "
+                "`gradient-one` one limit and one floor (before it). p99 is over served "
+                "requests, the highest of the class's priorities.", "",
+                *hetero_table(idx), ""]  # fmt: skip
+    out += ["## Targets", "", *targets, "",
             "## Bottleneck checks (every run)", "", *bottleneck_table(docs), ""]  # fmt: skip
     return "\n".join(out)
 

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench clean system-deps \
+.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-routes clean system-deps \
 	experiment-discovery experiment-canary experiment-chain
 
 $(STAMP): pyproject.toml
@@ -74,6 +74,11 @@ experiment-canary: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+
+# Issue 28's httpbin case on loopback: 10 clients on a 1 s endpoint + 10 on an
+# instant one for 15 s, default gateway vs fixed-1000 (about 40 s).
+bench-routes: $(STAMP)
+	$(PY) -m experiments.routeprobe
 
 # Rate limits across two gateways sharing Redis (docs/ratelimit.md); a few minutes.
 experiment-ratelimit: $(STAMP) system-deps

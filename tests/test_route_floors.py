@@ -140,3 +140,33 @@ def test_snapshot_names_the_floors() -> None:
     baselines = snap["route_baselines"]
     assert isinstance(baselines, dict)
     assert baselines["floors_ms"] == {"/slow": 250.0}
+
+
+def test_first_median_that_queued_does_not_replace_the_first_sample() -> None:
+    """A route first seen under overload keeps its first sample's floor (median 1.9x above)."""
+    floors = RouteFloors(max_routes=8, refresh_s=30.0, percentile=0.5)
+    floors.relative("/slow", 1.0, True)
+    for _ in range(5):
+        floors.record("/slow", 1.92)
+    floors.close_window(binding=False, now=1.0)
+    assert floors.floors["/slow"] == pytest.approx(1.0)
+    lucky = RouteFloors(max_routes=8, refresh_s=30.0, percentile=0.5)
+    lucky.relative("/get", 0.001, True)
+    for _ in range(5):
+        lucky.record("/get", 0.0013)  # no-load spread: the median replaces the lucky sample
+    lucky.close_window(binding=False, now=1.0)
+    assert lucky.floors["/get"] == pytest.approx(0.0013)
+
+
+def test_window_spans_two_round_trips_of_a_slow_route() -> None:
+    """With a 1 s route a window does not close after 0.5 s: it waits two floors (2 s)."""
+    g = make()
+    now = 0.0
+    for _ in range(6):  # 1 s requests completing every 0.1 s, nothing queued
+        now += 0.1
+        g.on_sample(Sample(now - SLOW, SLOW, 5, False, route="/delay"), now)
+    assert g.windows == 0
+    while now < 2.5:
+        now += 0.1
+        g.on_sample(Sample(now - SLOW, SLOW, 5, False, route="/delay"), now)
+    assert g.windows == 1

@@ -335,7 +335,11 @@ class GradientLimit:
         start = self._window_start if self._window_start is not None else now
         if self._fresh >= self.fast_close_samples and 2 * self._fresh_slow > self._fresh:
             return True  # most requests started in this window queue: do not wait it out
-        return now - start >= self.window_s and len(self._window_rtts) >= self.min_window_samples
+        elapsed = now - start
+        if elapsed < self.window_s or len(self._window_rtts) < self.min_window_samples:
+            return False
+        routes = self.routes  # a window spans two round trips of its slowest route (ADR 0013)
+        return routes is None or not routes.floors or elapsed >= 2.0 * max(routes.floors.values())
 
     # -- the update -----------------------------------------------------------
     def _close_window(self, now: float) -> None:

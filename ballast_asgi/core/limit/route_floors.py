@@ -12,7 +12,9 @@ seconds before, with a floor of 1.0.
   grouping (never raw client paths), so the bound is a last line.
 * **A floor falls at once**: the first success of a route sets a provisional
   floor, the route's first window median (>= ``MIN_ROUTE_SAMPLES``) replaces
-  it, and any later window median below the floor lowers it.
+  it when within ``PROVISIONAL_SPREAD`` of it (a lucky first sample; a median
+  further above has queued: a route first seen under overload), and any later
+  window median below the floor lowers it.
 * **A floor rises without a probe dip**: every ``refresh_s`` each route's floor
   becomes the lowest median it had in the windows of that period that were
   *not binding* (nothing waited for a permit: the gateway caused no queue);
@@ -33,6 +35,9 @@ import math
 OTHER_ROUTE = "~other"
 #: Default bound of the table.
 DEFAULT_MAX_ROUTES = 64
+#: A route's first window median replaces its first sample's floor only when at
+#: most this much above it (no-load spread); higher, it has queued behind others.
+PROVISIONAL_SPREAD = 1.5
 #: A route's window median counts only with at least this many samples.
 MIN_ROUTE_SAMPLES = 3
 _MAX_ROUTE_SAMPLES = 2_000
@@ -88,9 +93,10 @@ class RouteFloors:
         """Window medians lower floors; calm ones are kept for the next refresh."""
         for key, median in self._medians().items():
             floor = self.floors.get(key, math.inf)
-            if key in self._provisional:
+            if key in self._provisional:  # the first sample may have been lucky (spread) ...
                 self._provisional.discard(key)
-                self.floors[key] = median
+                if median <= PROVISIONAL_SPREAD * floor:  # ... or the median may have queued
+                    self.floors[key] = median
             elif median < floor:
                 self.floors[key] = median
             if not binding:

@@ -77,18 +77,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.routeprobe", description=__doc__)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--upstream", default=None,
+                   help="an upstream already running (e.g. httpbin: http://127.0.0.1:PORT); "
+                        "default: the in-repo two-speed app on a free port")  # fmt: skip
     a = p.parse_args(argv)
     env = {**os.environ}
-    up = free_port()
     py = sys.executable
-    upstream = _start([py, "-m", "uvicorn", "experiments.routeprobe.app:app", "--port", str(up),
-                       "--log-level", "warning"], env, f"http://127.0.0.1:{up}/get")  # fmt: skip
+    if a.upstream:
+        base_up, upstream = a.upstream.rstrip("/"), None
+    else:
+        up = free_port()
+        base_up = f"http://127.0.0.1:{up}"
+        upstream = _start([py, "-m", "uvicorn", "experiments.routeprobe.app:app", "--port",
+                           str(up), "--log-level", "warning"], env, f"{base_up}/get")  # fmt: skip
     served: dict[str, dict[str, list[float]]] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name, extra in (("default", ""), ("fixed-1000", FIXED_1000)):
                 cfg = Path(tmp) / f"{name}.yaml"
-                cfg.write_text(f"upstream: http://127.0.0.1:{up}\n{extra}")
+                cfg.write_text(f"upstream: {base_up}\n{extra}")
                 port = free_port()
                 genv = {**env, "BALLAST_CONFIG": str(cfg)}
                 gw = _start([py, "-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port),
@@ -101,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 finally:
                     _stop(gw)
     finally:
-        _stop(upstream)
+        if upstream is not None:
+            _stop(upstream)
     for name, lat in served.items():
         print(f"{name:<11} /get served {len(lat['/get']):6d} p99 {_p99(lat['/get']) * 1e3:7.1f} ms"
               f"   /delay/1 served {len(lat['/delay/1']):4d} p99 "

@@ -194,3 +194,46 @@ def test_the_gateway_stack_is_partitioned_by_default_but_not_when_fixed() -> Non
     assert make_partition(fixed, rng) is None
     off = GatewayConfig.model_validate({"limiter": {"partition_by_route": False}})
     assert make_partition(off, rng) is None
+
+
+def test_dispatch_does_not_scan_when_every_queued_route_is_full() -> None:
+    """With 500 waiters of a full route, dispatch asks about routes, never about waiters."""
+    lim = parted()
+    held = [lim.try_acquire(0.0, "/fast") for _ in range(2)]
+    q = PriorityQueue()
+    for _ in range(500):
+        q.push(Waiter(Priority.BULK, 0.0, route="/fast"))
+    calls = 0
+    real = q.pop_best
+
+    def counting(fits: object = None) -> Waiter | None:
+        nonlocal calls
+        calls += 1
+        return real(fits)  # type: ignore[arg-type]
+
+    q.pop_best = counting  # type: ignore[method-assign]
+    assert dispatch(q, lim, 0.0, lambda w, p: True) == 0
+    assert calls == 0 and q.queued_routes() == ["/fast"]
+    first = held[0]
+    assert first is not None
+    first.release(Outcome.SUCCESS, 0.1)
+    assert dispatch(q, lim, 0.1, lambda w, p: True) == 1 and calls == 1
+    assert q.total == 499
+
+
+def test_route_counts_follow_every_way_out_of_the_queue() -> None:
+    """Pop, remove, displacement and expiry keep the per-route counts exact."""
+    q = PriorityQueue(max_size=4, per_priority=False)
+    a = Waiter(Priority.BULK, 0.0, deadline=1.0, route="/a")
+    b = Waiter(Priority.BULK, 0.0, route="/b")
+    c = Waiter(Priority.STANDARD, 0.0, route="/c")
+    for w in (a, b, c, Waiter(Priority.BULK, 0.0, route="/a")):
+        assert q.push(w).accepted
+    pushed = q.push(Waiter(Priority.CRITICAL, 0.0, route="/d"))  # displaces the oldest bulk: a
+    assert pushed.displaced is a
+    assert sorted(q.queued_routes()) == ["/a", "/b", "/c", "/d"]
+    assert q.remove(b) and "/b" not in q.queued_routes()
+    assert q.pop_best() is not None  # the critical /d
+    assert "/d" not in q.queued_routes()
+    q.expire(5.0)
+    assert sorted(q.queued_routes()) == ["/a", "/c"] and q.total == 2

@@ -108,6 +108,8 @@ class PriorityQueue:
         )
         self._tiers: dict[Priority, deque[Waiter]] = {p: deque() for p in ALL_PRIORITIES}
         self._total = 0
+        #: Waiters per route key (ADR 0013: dispatch looks only at routes with room).
+        self._routes: dict[str, int] = {}
 
     def reconfigure(
         self,
@@ -170,8 +172,20 @@ class PriorityQueue:
                 return PushResult(accepted=False)
             self.remove(displaced)
         self._tiers[waiter.priority].append(waiter)
-        self._total += 1
+        self._add(waiter, 1)
         return PushResult(accepted=True, displaced=displaced)
+
+    def _add(self, waiter: Waiter, delta: int) -> None:
+        self._total += delta
+        left = self._routes.get(waiter.route, 0) + delta
+        if left:
+            self._routes[waiter.route] = left
+        else:
+            del self._routes[waiter.route]
+
+    def queued_routes(self) -> list[str]:
+        """The route keys that have at least one waiter."""
+        return list(self._routes)
 
     def pop_best(self, fits: Callable[[Waiter], bool] | None = None) -> Waiter | None:
         """The next waiter to serve (highest tier; FIFO or LIFO by depth), removed.
@@ -185,12 +199,13 @@ class PriorityQueue:
                 continue
             lifo = len(tier) > self.lifo_threshold
             if fits is None:
-                self._total -= 1
-                return tier.pop() if lifo else tier.popleft()
+                w = tier.pop() if lifo else tier.popleft()
+                self._add(w, -1)
+                return w
             for w in reversed(tier) if lifo else tier:
                 if fits(w):
                     tier.remove(w)
-                    self._total -= 1
+                    self._add(w, -1)
                     return w
         return None
 
@@ -201,7 +216,7 @@ class PriorityQueue:
             tier.append(waiter)
         else:
             tier.appendleft(waiter)
-        self._total += 1
+        self._add(waiter, 1)
 
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out (timeout, disconnect); False if it was not queued."""
@@ -209,7 +224,7 @@ class PriorityQueue:
             self._tiers[waiter.priority].remove(waiter)
         except ValueError:
             return False
-        self._total -= 1
+        self._add(waiter, -1)
         return True
 
     def expire(self, now: float) -> list[tuple[Waiter, ShedReason]]:
@@ -273,7 +288,10 @@ def _dispatch_partitioned(
 ) -> int:
     granted = 0
     while queue.total:
-        waiter = queue.pop_best(lambda w: limiter.has_capacity(w.route))
+        room = {route for route in queue.queued_routes() if limiter.has_capacity(route)}
+        if not room:  # every route with waiters is full: no scan
+            break
+        waiter = queue.pop_best(_in(room))
         if waiter is None:
             break
         permit = limiter.try_acquire(now, waiter.route)
@@ -285,3 +303,8 @@ def _dispatch_partitioned(
         else:
             permit.release(Outcome.IGNORED, now)
     return granted
+
+
+def _in(routes: set[str]) -> Callable[[Waiter], bool]:
+    """A ``pop_best`` filter: the waiter's route is one of ``routes``."""
+    return lambda waiter: waiter.route in routes

@@ -1,6 +1,9 @@
-"""``make experiment``: the load sweep, the degrading upstream and the capacity swing.
+"""``make experiment``: the load sweep, the degrading upstream, the capacity swing, and
+heterogeneous endpoints (table 4, issue 28: three endpoint classes, and a quiet spell
+then a burst of slow requests).
 
-    python -m experiments.sweep                 # full: 3 x 30 runs, ~25 min, docs/results.md
+    python -m experiments.sweep                 # full: 3 x 56 runs, ~55 min, docs/results.md
+    python -m experiments.sweep --only hetero,quiet --reps 1   # table 4 alone, ~8 min
     python -m experiments.sweep --reps 1        # one run per cell (~8 min)
     python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only
     python -m experiments.sweep --only swing --limiters gradient,fixed-64 --reps 1   # a subset

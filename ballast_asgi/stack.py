@@ -103,13 +103,13 @@ class Parts:
 def make_partition(
     config: GatewayConfig, rng: random.Random
 ) -> Callable[[bool], LimitAlgorithm] | None:
-    """The per-route algorithm factory (ADR 0013), or None for one limit.
+    """The per-route algorithm factory (ADR 0014), or None for one limit.
 
     With an upstream pool and ``upstreams.per_instance_limit`` the pool's
     ``attach`` replaces it with the per-instance limits (``PoolLimit``).
     """
     lc = config.limiter
-    if lc.algorithm == "fixed" or not lc.partition_by_route:
+    if lc.algorithm == "fixed" or not (lc.partition_by_route or own_routes(config)):
         return None
 
     def build(quiet: bool) -> LimitAlgorithm:
@@ -117,6 +117,14 @@ def make_partition(
         return make_algorithm(config, rng, initial_limit=initial)
 
     return build
+
+
+def own_routes(config: GatewayConfig) -> frozenset[str] | None:
+    """Routes with a partition of their own: None (every route) with
+    ``limiter.partition_by_route``, else the configured routes that ask for one."""
+    if config.limiter.partition_by_route:
+        return None
+    return frozenset(r.name for r in config.routes if r.limiter.partition)
 
 
 def make_algorithm(
@@ -162,6 +170,7 @@ def build_parts(
         loop_lag=lag,
         partition=make_partition(config, rng),
         max_partitions=config.limiter.max_routes,
+        own_routes=own_routes(config),
     )
     q = config.admission_queue
     queue = PriorityQueue(
@@ -313,12 +322,17 @@ def _admission(
 
 def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now: float) -> None:
     """Apply a new config to the live collaborators, keeping in-flight state."""
-    if new.limiter != old.limiter or new.max_concurrent_requests != old.max_concurrent_requests:
+    if (
+        new.limiter != old.limiter
+        or new.max_concurrent_requests != old.max_concurrent_requests
+        or own_routes(new) != own_routes(old)
+    ):
         parts.limiter.set_algorithm(
             make_algorithm(new, parts.rng),
             max_limit=new.max_concurrent_requests,
             now=now,
             partition=make_partition(new, parts.rng),
+            own_routes=own_routes(new),
         )
         parts.limiter.max_partitions = new.limiter.max_routes
     if new.limiter.subtract_loop_lag != (parts.limiter.loop_lag is not None):

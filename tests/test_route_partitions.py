@@ -1,4 +1,4 @@
-"""The limiter partitioned by route (ADR 0013): permits, dispatch, quiet and idle routes."""
+"""The limiter partitioned by route (ADR 0014): permits, dispatch, quiet and idle routes."""
 
 from __future__ import annotations
 
@@ -237,3 +237,37 @@ def test_route_counts_follow_every_way_out_of_the_queue() -> None:
     assert "/d" not in q.queued_routes()
     q.expire(5.0)
     assert sorted(q.queued_routes()) == ["/a", "/c"] and q.total == 2
+
+
+def test_only_routes_that_ask_get_their_own_limit_when_not_partitioning_all() -> None:
+    """own_routes: /slow has its own partition; /a and /b share one (the shared key)."""
+    lim = Limiter(
+        make_limit("fixed", limit=2), partition=factory(), own_routes=frozenset({"/slow"})
+    )
+    a = lim.try_acquire(0.0, "/a")
+    b = lim.try_acquire(0.0, "/b")
+    assert a is not None and b is not None
+    assert lim.try_acquire(0.0, "/c") is None  # /a, /b, /c share two permits
+    slow = lim.try_acquire(0.0, "/slow")
+    assert slow is not None and slow.part is not a.part
+    assert a.route == "/a" and b.part is a.part  # samples keep their route for the floors
+    parts = lim.snapshot()["partitions"]
+    assert isinstance(parts, dict) and sorted(parts) == ["", "/slow"]
+
+
+def test_config_partition_flag_on_a_route_partitions_only_it() -> None:
+    """partition_by_route false + routes[].limiter.partition: a partitioned limiter for it."""
+    import random
+
+    from ballast_asgi.config import GatewayConfig
+    from ballast_asgi.stack import make_partition, own_routes
+
+    cfg = GatewayConfig.model_validate(
+        {
+            "limiter": {"partition_by_route": False},
+            "routes": [{"name": "slow", "path": "/delay/*", "limiter": {"partition": True}}],
+        }
+    )
+    assert own_routes(cfg) == frozenset({"slow"})
+    assert make_partition(cfg, random.Random(1)) is not None
+    assert own_routes(GatewayConfig()) is None

@@ -24,12 +24,13 @@ gateway's own event-loop lag, ``ballast_asgi.core.loop_lag``) every sample
 carries the lag measured when it was taken, so delay-based algorithms can
 tell the gateway's own lateness from backend queueing (ADR 0010); the
 limiter's own ``rtt_recent_s``/``rtt_min_s`` stay the raw round trip.
-With ``partition`` (a factory of limit algorithms; ADR 0013) the limiter is
+With ``partition`` (a factory of limit algorithms; ADR 0014) the limiter is
 **partitioned by route**: ``try_acquire(now, route)`` admits a request when
 its route's own algorithm has room (and total in-flight is below
 ``max_limit``), and each sample goes to its route's algorithm only, so a slow
 or saturated endpoint never spends another endpoint's permits. At most
-``max_partitions`` routes get their own; later ones share ``~other``.
+``max_partitions`` routes get their own; later ones share ``~other``. With
+``own_routes`` only those routes get their own, the rest share one (``SHARED``).
 ``limit`` is then the sum of the partitions' limits. ``partition(quiet)``
 builds a route's algorithm: ``quiet`` is True when the gateway has been
 answering for ``QUIET_AFTER_S`` and no route is at its limit (a new or
@@ -83,7 +84,7 @@ class Permit:
         #: The limit in force when the permit was granted (0: unknown).
         self.limit_at_start = limit_at_start
         self.released = False
-        #: The request's route key, set by the stage that knows it (ADR 0013).
+        #: The request's route key, set by the stage that knows it (ADR 0014).
         self.route = ""
         #: The route's partition when the limiter is partitioned.
         self.part: _Partition | None = None
@@ -152,6 +153,8 @@ class _WindowedMin:
         return min((v for _, v in self._buckets), default=None)
 
 
+#: The partition of the routes without one of their own (``Limiter.own_routes``).
+SHARED = ""
 #: A partitioned limiter counts as quiet only after answering this long.
 QUIET_AFTER_S = 1.0
 #: The initial limit of a route's partition built while the gateway is quiet.
@@ -186,6 +189,7 @@ class Limiter:
         partition: Callable[[bool], LimitAlgorithm] | None = None,
         max_partitions: int = DEFAULT_MAX_ROUTES,
         partition_idle_s: float = DEFAULT_PARTITION_IDLE_S,
+        own_routes: frozenset[str] | None = None,
     ) -> None:
         if max_partitions < 1:
             raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
@@ -214,13 +218,16 @@ class Limiter:
         self.max_partitions = max_partitions
         self._parts: dict[str, _Partition] = {}
         self.partition_idle_s = partition_idle_s
+        #: Partitioned: None gives every route its own limit; a set gives one only to
+        #: these routes (``routes[].limiter.partition``), the others share ``SHARED``.
+        self.own_routes = own_routes
         self._first_sample_at: float | None = None
         _LIVE.add(self)
 
     # -- state ----------------------------------------------------------------
     @property
     def partitioned(self) -> bool:
-        """True when every route has its own limit (ADR 0013)."""
+        """True when every route has its own limit (ADR 0014)."""
         return self._partition is not None
 
     @property
@@ -232,7 +239,12 @@ class Limiter:
             limit = self.algorithm.limit
         return limit if self.max_limit is None else min(limit, self.max_limit)
 
+    def _key(self, route: str) -> str:
+        own = self.own_routes
+        return route if own is None or route in own else SHARED
+
     def _part(self, route: str, now: float | None = None) -> _Partition:
+        route = self._key(route)
         part = self._parts.get(route)
         idle = part is not None and now is not None and now - part.used >= self.partition_idle_s
         if part is not None and idle and part.inflight == 0:  # idle: its limit is stale
@@ -311,7 +323,7 @@ class Limiter:
         self._inflight += 1
         self.acquired += 1
         permit = Permit(self, now, part.inflight, limit)
-        permit.route = route if route in self._parts else OTHER_ROUTE
+        permit.route = route if self._parts.get(self._key(route)) is part else OTHER_ROUTE
         permit.part = part
         return permit
 
@@ -322,6 +334,7 @@ class Limiter:
         max_limit: int | None = None,
         now: float | None = None,
         partition: Callable[[bool], LimitAlgorithm] | None = None,
+        own_routes: frozenset[str] | None = None,
     ) -> None:
         """Swap the algorithm (config reload) keeping permits in flight.
 
@@ -332,6 +345,7 @@ class Limiter:
         if max_limit is not None and max_limit < 1:
             raise ValueError(f"max_limit must be >= 1, got {max_limit}")
         self._partition = partition
+        self.own_routes = own_routes
         self._parts = {}
         self.algorithm = algorithm
         self.max_limit = max_limit

@@ -1,12 +1,12 @@
-"""The route key the concurrency limiter judges a request by (ADR 0013).
+"""The route key the concurrency limiter judges a request by (ADR 0014).
 
-One small function so the key can follow the gateway's route table when it
-has one: today it is the request's route when a stage set one (``ctx.route``:
-the framework's route template or rule group, as ``breaker.scope: route``
-uses), else the first path segment (``/delay/1`` -> ``/delay``, ``/`` ->
-``/``), cut to ``MAX_SEGMENT`` characters. Client-chosen paths cannot grow
-anything without bound: the limiter keeps at most ``limiter.max_routes``
-keys and puts the rest in one overflow entry (``~other``).
+The request's route as matched once at admission (``ctx.route.name``: a
+configured route, the framework's route template, or an automatic group per
+first path segment, bounded by ``auto_routes.max_groups``; docs/routes.md).
+Without a route table in the stack: the first path segment (``/delay/1`` ->
+``/delay``, ``/`` -> ``/``), cut to ``MAX_SEGMENT`` characters. Either way
+the limiter keeps at most ``limiter.max_routes`` keys and puts the rest in
+one overflow entry (``~other``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ MAX_SEGMENT = 48
 
 def limit_route(scope: Scope, ctx: RequestContext) -> str:
     """The request's limiter route key."""
-    if ctx.route:
-        return ctx.route
+    if ctx.route is not None:
+        return ctx.route.name
     path = scope.get("path") or "/"
     segment = path.split("/", 2)[1] if path.startswith("/") else ""
     return "/" + segment[:MAX_SEGMENT]

@@ -1,7 +1,7 @@
 """Real uvicorn: a quiet spell of fast requests, then a burst of 40 slow ones (issue 28).
 
 The default gateway in front of a tiny app whose ``/slow`` endpoint takes
-0.3 s and ``/fast`` answers at once. Before ADR 0013 the quiet spell shrank
+0.3 s and ``/fast`` answers at once. Before ADR 0014 the quiet spell shrank
 the one limit to its floor (4) and the burst went through in ten rounds;
 now the slow route gets its own limit, which a quiet gateway starts at
 ``limiter.quiet_limit`` (64): the 40 requests are admitted at once.
@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ballast_asgi.core.routes import DEFAULT_MAX_GROUPS, OTHER
 from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
@@ -81,7 +82,7 @@ def test_burst_of_slow_requests_after_a_quiet_spell_is_not_throttled(
 
 
 def test_client_chosen_paths_cannot_grow_the_route_table(setup: tuple[str, str]) -> None:
-    """300 distinct, long and odd first segments: at most 64 partitions, the rest in ~other."""
+    """255 distinct, long and odd first segments: the route table's groups, the rest in other."""
     base, _ = setup
     paths = [f"/seg{i}/x" for i in range(250)]
     paths += ["/" + "a" * 5000, "/%00%ff/x", "/..%2f..%2f", "//double", "/\u00e9t\u00e9"]
@@ -90,5 +91,6 @@ def test_client_chosen_paths_cannot_grow_the_route_table(setup: tuple[str, str])
             assert client.get(path).status_code in (200, 400, 404, 414, 431)
         snap = client.get("/_ballast/snapshot").json()
     parts = snap["limiter"]["partitions"]
-    assert len(parts) <= 64 and "~other" in parts
-    assert all(len(key) <= 49 for key in parts)
+    # auto_routes.max_groups (32) groups and the route table's overflow group
+    assert len(parts) <= DEFAULT_MAX_GROUPS + 1 and OTHER in parts
+    assert all(len(key) <= 64 for key in parts)

@@ -103,7 +103,7 @@ class Parts:
 def make_partition(
     config: GatewayConfig, rng: random.Random
 ) -> Callable[[bool], LimitAlgorithm] | None:
-    """The per-route algorithm factory (ADR 0014), or None for one limit.
+    """The per-route algorithm factory (ADR 0016), or None for one limit.
 
     With an upstream pool and ``upstreams.per_instance_limit`` the pool's
     ``attach`` replaces it with the per-instance limits (``PoolLimit``).

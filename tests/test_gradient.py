@@ -1,7 +1,7 @@
 """The gradient controller: windows, growth, backoff, probes (fed samples, no clock).
 
 These rules are checked with one floor for every sample (``route_baselines``
-off, the rule before ADR 0014); every sample here has the same route, where
+off, the rule before ADR 0016); every sample here has the same route, where
 the per-route floors read the same. ``tests/test_route_floors.py`` checks the
 per-route floors.
 """

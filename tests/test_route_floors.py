@@ -1,4 +1,4 @@
-"""Per-route baselines in the gradient controller (ADR 0014): fed samples, injected time."""
+"""Per-route baselines in the gradient controller (ADR 0016): fed samples, injected time."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_quiet_spell_keeps_the_initial_limit() -> None:
     for _ in range(3000):
         now += 0.01
         one.on_sample(Sample(now - FAST, FAST, 1, False, route="/get"), now)
-    assert one.limit < 10  # the rule before ADR 0014: down to peak * 1.25 + sqrt(peak)
+    assert one.limit < 10  # the rule before ADR 0016: down to peak * 1.25 + sqrt(peak)
 
 
 def test_floor_rises_from_calm_windows_after_a_refresh_period() -> None:

@@ -1,4 +1,4 @@
-"""The limiter partitioned by route (ADR 0014): permits, dispatch, quiet and idle routes."""
+"""The limiter partitioned by route (ADR 0016): permits, dispatch, quiet and idle routes."""
 
 from __future__ import annotations
 

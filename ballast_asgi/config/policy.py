@@ -60,7 +60,7 @@ class GradientConfig(Frozen):
     min_gradient: float = Field(grd.DEFAULT_MIN_GRADIENT, gt=0.0, le=1.0)
     stuck_ratio: float = Field(grd.DEFAULT_STUCK_RATIO, gt=0.0, le=1.0)
     probe_interval_s: float = Field(grd.DEFAULT_PROBE_INTERVAL_S, ge=1.0, le=3600.0)
-    #: Judge each sample against its own route's no-load RTT (ADR 0014).
+    #: Judge each sample against its own route's no-load RTT (ADR 0016).
     route_baselines: bool = True
 
     @model_validator(mode="after")
@@ -91,7 +91,7 @@ class LimiterConfig(Frozen):
     window_ms: int = Field(lim.DEFAULT_WINDOW_MS, ge=10, le=60_000)
     #: Take the gateway's own event-loop lag out of every RTT sample (ADR 0010).
     subtract_loop_lag: bool = True
-    #: One adaptive limit per route (ADR 0014; not with ``fixed``, nor with
+    #: One adaptive limit per route (ADR 0016; not with ``fixed``, nor with
     #: ``upstreams.per_instance_limit``): a slow or saturated endpoint cannot
     #: spend another endpoint's permits.
     partition_by_route: bool = True

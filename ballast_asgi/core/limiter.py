@@ -24,7 +24,7 @@ gateway's own event-loop lag, ``ballast_asgi.core.loop_lag``) every sample
 carries the lag measured when it was taken, so delay-based algorithms can
 tell the gateway's own lateness from backend queueing (ADR 0010); the
 limiter's own ``rtt_recent_s``/``rtt_min_s`` stay the raw round trip.
-With ``partition`` (a factory of limit algorithms; ADR 0014) the limiter is
+With ``partition`` (a factory of limit algorithms; ADR 0016) the limiter is
 **partitioned by route**: ``try_acquire(now, route)`` admits a request when
 its route's own algorithm has room (and total in-flight is below
 ``max_limit``), and each sample goes to its route's algorithm only, so a slow
@@ -84,7 +84,7 @@ class Permit:
         #: The limit in force when the permit was granted (0: unknown).
         self.limit_at_start = limit_at_start
         self.released = False
-        #: The request's route key, set by the stage that knows it (ADR 0014).
+        #: The request's route key, set by the stage that knows it (ADR 0016).
         self.route = ""
         #: The route's partition when the limiter is partitioned.
         self.part: _Partition | None = None
@@ -227,7 +227,7 @@ class Limiter:
     # -- state ----------------------------------------------------------------
     @property
     def partitioned(self) -> bool:
-        """True when every route has its own limit (ADR 0014)."""
+        """True when every route has its own limit (ADR 0016)."""
         return self._partition is not None
 
     @property

@@ -26,7 +26,7 @@ the best waiters. ``deliver(waiter, permit)`` returns False when the waiter
 can no longer take it (its client went away, it timed out at the same
 instant); the same permit then goes to the next waiter, and a permit nobody
 takes is released as IGNORED. So a permit is never leaked nor granted twice.
-With a partitioned limiter (one limit per route, ADR 0014) it instead pops
+With a partitioned limiter (one limit per route, ADR 0016) it instead pops
 the best waiter *whose route has a free permit* (a full route does not block
 the others) and takes that route's permit.
 """
@@ -65,7 +65,7 @@ class Waiter:
     timeout_at: float | None = None
     #: Opaque adapter data (e.g. the future the request awaits).
     handle: Any = None
-    #: The route key of a partitioned limiter (ADR 0014).
+    #: The route key of a partitioned limiter (ADR 0016).
     route: str = ""
     seq: int = field(default_factory=lambda: next(_SEQ))
 
@@ -108,7 +108,7 @@ class PriorityQueue:
         )
         self._tiers: dict[Priority, deque[Waiter]] = {p: deque() for p in ALL_PRIORITIES}
         self._total = 0
-        #: Waiters per route key (ADR 0014: dispatch looks only at routes with room).
+        #: Waiters per route key (ADR 0016: dispatch looks only at routes with room).
         self._routes: dict[str, int] = {}
 
     def reconfigure(

@@ -1,4 +1,4 @@
-"""The route key the concurrency limiter judges a request by (ADR 0014).
+"""The route key the concurrency limiter judges a request by (ADR 0016).
 
 The request's route as matched once at admission (``ctx.route.name``: a
 configured route, the framework's route template, or an automatic group per

@@ -76,7 +76,7 @@ class TrafficApp:
         self.hand_over(self.sim.end(service, deadline, self.clock(), cls), cls)
         await self._respond(send, service)
 
-    async def _wait_for_worker(self, cls: int) -> None:
+    async def _wait_for_worker(self, cls: int = -1) -> None:
         waiter: Waiter = asyncio.get_running_loop().create_future()
         if self.sim.arrive(waiter, cls):
             return

@@ -75,9 +75,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"slow_start_tolerance": 0, "shrink_headroom": 0, "queue_tolerance": 1.0},
     ),
     "gradient-q1.5": ("gradient", {"queue_tolerance_binding": 1.5}),
-    # ADR 0014: one floor for every route, shrinking to the peak when quiet (today's rule)
+    # ADR 0016: one floor for every route, shrinking to the peak when quiet (today's rule)
     "gradient-one": ("gradient", {"route_baselines": False, "quiet_limit": 4}),
-    # ADR 0014 candidates: per-route floors without the quiet floor; a higher start
+    # ADR 0016 candidates: per-route floors without the quiet floor; a higher start
     "gradient-routes-only": ("gradient", {"quiet_limit": 4}),
     "gradient-i64": ("gradient", {"initial_limit": 64}),
     "gradient-one-i64": ("gradient", {"route_baselines": False, "initial_limit": 64}),

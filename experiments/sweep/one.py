@@ -63,7 +63,7 @@ def gateway_yaml(spec: RunSpec) -> str:
     """The gateway config of ``spec``: everything default except the limiter and early drop."""
     algorithm, fixed = parse_limiter(spec.limiter)
     blind = algorithm.endswith("-blind")  # e.g. gradient-blind: the loop lag left in (ADR 0010)
-    one = algorithm == "gradient-one"  # one limit, one floor: the gradient before ADR 0014
+    one = algorithm == "gradient-one"  # one limit, one floor: the gradient before ADR 0016
     algorithm = "gradient" if one else algorithm.removesuffix("-blind")
     lines = ["limiter:", f"  algorithm: {algorithm}"]
     if blind:

@@ -243,7 +243,7 @@ def render(docs: list[dict[str, Any]], meta: dict[str, Any], targets: list[str])
                 f"Three endpoint classes, each with its own workers (1x = {HETERO_1X_RPS:g} rps): "
                 + "; ".join(f"`{p}` {w} x {ms:g} ms, {sh:g} % of traffic, deadline {d:g} s"
                             for p, ms, sh, w, d in HETERO_CLASSES)
-                + ". `gradient` is the default (a limit per route, ADR 0014); "
+                + ". `gradient` is the default (a limit per route, ADR 0016); "
                 "`gradient-one` one limit and one floor (before it). p99 is over served "
                 "requests, the highest of the class's priorities.", "",
                 *hetero_table(idx), ""]  # fmt: skip

@@ -1,7 +1,7 @@
 """Real uvicorn: a quiet spell of fast requests, then a burst of 40 slow ones (issue 28).
 
 The default gateway in front of a tiny app whose ``/slow`` endpoint takes
-0.3 s and ``/fast`` answers at once. Before ADR 0014 the quiet spell shrank
+0.3 s and ``/fast`` answers at once. Before ADR 0016 the quiet spell shrank
 the one limit to its floor (4) and the burst went through in ten rounds;
 now the slow route gets its own limit, which a quiet gateway starts at
 ``limiter.quiet_limit`` (64): the 40 requests are admitted at once.

@@ -21,7 +21,7 @@ A ``Sample`` describes one request that held a permit:
   ``rtt_s`` that the response spent waiting for the gateway, not the backend.
   Delay-based algorithms use ``backend_rtt_s`` (ADR 0010);
 * ``route``: the request's route key (``""``: unknown, one route for all), so
-  an algorithm can judge each sample against its own route's latency (ADR 0014).
+  an algorithm can judge each sample against its own route's latency (ADR 0016).
 
 Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
 requests that were refused never become samples.

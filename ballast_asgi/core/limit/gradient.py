@@ -32,7 +32,7 @@ backwards). The full description, with the measurements behind each rule, is
   the floor moved more than ``1 / stuck_ratio`` x restores the limit from
   before the streak.
 
-* **Routes** (``route_baselines``, ADR 0014): each sample is judged against
+* **Routes** (``route_baselines``, ADR 0016): each sample is judged against
   its own route's no-load RTT (``route_floors.RouteFloors``), so the mix of
   fast and slow endpoints is not read as queueing; the floor is then 1.0 and
   the periodic probe is replaced by a refresh from non-binding windows (no
@@ -170,7 +170,7 @@ class GradientLimit:
                 raise ValueError(f"{key} must be >= 1.0, got {value}")
         self.queue_tolerance = queue_tolerance
         self.queue_tolerance_binding = queue_tolerance_binding
-        #: Per-route floors (None: one floor for every sample, before ADR 0014).
+        #: Per-route floors (None: one floor for every sample, before ADR 0016).
         self.routes = (
             RouteFloors(max_routes=max_routes, refresh_s=probe_interval_s,
                         percentile=rtt_percentile)
@@ -245,7 +245,7 @@ class GradientLimit:
         return self.limit
 
     def _relative(self, sample: Sample) -> Sample:
-        """``sample`` with its RTT in units of its route's floor (ADR 0014)."""
+        """``sample`` with its RTT in units of its route's floor (ADR 0016)."""
         routes = self.routes
         assert routes is not None
         key = self._route_key = routes.key(sample.route)
@@ -338,7 +338,7 @@ class GradientLimit:
         elapsed = now - start
         if elapsed < self.window_s or len(self._window_rtts) < self.min_window_samples:
             return False
-        routes = self.routes  # a window spans two round trips of its slowest route (ADR 0014)
+        routes = self.routes  # a window spans two round trips of its slowest route (ADR 0016)
         return routes is None or not routes.floors or elapsed >= 2.0 * max(routes.floors.values())
 
     # -- the update -----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Per-route no-load RTTs: judge each sample against its own route's baseline (ADR 0014).
+"""Per-route no-load RTTs: judge each sample against its own route's baseline (ADR 0016).
 
 A service whose endpoints differ 1000x in latency has no single "no-load RTT":
 against the fastest route's floor a healthy 1 s endpoint reads as a queue of

@@ -271,3 +271,29 @@ def test_config_partition_flag_on_a_route_partitions_only_it() -> None:
     assert own_routes(cfg) == frozenset({"slow"})
     assert make_partition(cfg, random.Random(1)) is not None
     assert own_routes(GatewayConfig()) is None
+
+
+def test_a_full_table_makes_room_by_dropping_idle_partitions() -> None:
+    """Partitions unused for partition_idle_s leave a full table; a new route gets its own."""
+    lim = Limiter(
+        make_limit("fixed", limit=2), partition=factory(), max_partitions=4, partition_idle_s=5.0
+    )
+    for i in range(3):
+        p = lim.try_acquire(0.0, f"/r{i}")
+        assert p is not None
+        p.release(Outcome.SUCCESS, 0.01)
+    fresh = lim.try_acquire(10.0, "/new")
+    assert fresh is not None and fresh.route == "/new"
+
+
+def test_overflow_route_is_keyed_by_first_segment() -> None:
+    """A request in the route table's overflow group (not yet learned) keys its own segment."""
+    from ballast_asgi.core.routes import Route
+    from ballast_asgi.middleware.context import RequestContext
+    from ballast_asgi.middleware.limit_route import limit_route
+
+    ctx = RequestContext(arrival=0.0, deadline=None, priority=Priority.STANDARD)
+    ctx.route = Route("other", source="overflow")
+    assert limit_route({"path": "/delay/1"}, ctx) == "/delay"
+    ctx.route = Route("/get", source="auto")
+    assert limit_route({"path": "/get/x"}, ctx) == "/get"

@@ -251,12 +251,21 @@ class Limiter:
             del self._parts[route]
             part = None
         if part is None:
+            if len(self._parts) >= self.max_partitions - 1 and now is not None:
+                self._evict_idle(now)
             if len(self._parts) >= self.max_partitions - 1 and route != OTHER_ROUTE:
                 return self._part(OTHER_ROUTE, now)
             assert self._partition is not None
             fresh = now if now is not None else -math.inf
             part = self._parts[route] = _Partition(self._partition(self._quiet(now)), fresh)
         return part
+
+    def _evict_idle(self, now: float) -> None:
+        """Make room: drop partitions with nothing in flight, unused for ``partition_idle_s``."""
+        idle = [key for key, p in self._parts.items()
+                if p.inflight == 0 and now - p.used >= self.partition_idle_s]  # fmt: skip
+        for key in idle:
+            del self._parts[key]
 
     def _quiet(self, now: float | None) -> bool:
         """Answering for a while and no route at its limit: a new route may start high."""

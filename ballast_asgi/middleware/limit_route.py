@@ -3,10 +3,13 @@
 The request's route as matched once at admission (``ctx.route.name``: a
 configured route, the framework's route template, or an automatic group per
 first path segment, bounded by ``auto_routes.max_groups``; docs/routes.md).
-Without a route table in the stack: the first path segment (``/delay/1`` ->
-``/delay``, ``/`` -> ``/``), cut to ``MAX_SEGMENT`` characters. Either way
-the limiter keeps at most ``limiter.max_routes`` keys and puts the rest in
-one overflow entry (``~other``).
+Without a route table, or for a request the table put in its overflow group
+``other`` (a segment the upstream has not answered yet, or past
+``auto_routes.max_groups``): the first path segment (``/delay/1`` ->
+``/delay``, ``/`` -> ``/``), cut to ``MAX_SEGMENT`` characters, so a burst to
+an endpoint never seen before gets a limit of its own (ADR 0016). Either way
+the limiter keeps at most ``limiter.max_routes`` keys (idle ones make room)
+and puts the rest in one overflow entry (``~other``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ MAX_SEGMENT = 48
 
 def limit_route(scope: Scope, ctx: RequestContext) -> str:
     """The request's limiter route key."""
-    if ctx.route is not None:
-        return ctx.route.name
+    route = ctx.route
+    if route is not None and route.source != "overflow":
+        return route.name
     path = scope.get("path") or "/"
     segment = path.split("/", 2)[1] if path.startswith("/") else ""
     return "/" + segment[:MAX_SEGMENT]

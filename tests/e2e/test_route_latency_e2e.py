@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from ballast_asgi.core.routes import DEFAULT_MAX_GROUPS, OTHER
 from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
@@ -82,7 +81,7 @@ def test_burst_of_slow_requests_after_a_quiet_spell_is_not_throttled(
 
 
 def test_client_chosen_paths_cannot_grow_the_route_table(setup: tuple[str, str]) -> None:
-    """255 distinct, long and odd first segments: the route table's groups, the rest in other."""
+    """255 distinct, long and odd first segments: at most limiter.max_routes limits."""
     base, _ = setup
     paths = [f"/seg{i}/x" for i in range(250)]
     paths += ["/" + "a" * 5000, "/%00%ff/x", "/..%2f..%2f", "//double", "/\u00e9t\u00e9"]
@@ -91,6 +90,7 @@ def test_client_chosen_paths_cannot_grow_the_route_table(setup: tuple[str, str])
             assert client.get(path).status_code in (200, 400, 404, 414, 431)
         snap = client.get("/_ballast/snapshot").json()
     parts = snap["limiter"]["partitions"]
-    # auto_routes.max_groups (32) groups and the route table's overflow group
-    assert len(parts) <= DEFAULT_MAX_GROUPS + 1 and OTHER in parts
-    assert all(len(key) <= 64 for key in parts)
+    # segments the upstream never answered are the route table's "other": the limiter
+    # keys them by first segment, at most limiter.max_routes (64), the rest in ~other
+    assert len(parts) <= 64 and "~other" in parts
+    assert all(len(key) <= 49 for key in parts)

@@ -24,7 +24,9 @@ relay faithfully is refused (``BadResponseHead``, answered 502 by the proxy):
 more fields or bytes than ``proxy.max_response_headers`` /
 ``proxy.max_response_head_bytes``, a Content-Length that is not one run of
 digits, a Transfer-Encoding other than one ``chunked``, both at once, or a
-control character other than HTAB in a value.
+control character other than HTAB in a value. An upstream's ``Connection``
+tokens naming a ``PROTECTED`` header are ignored as a client's are: the length
+the upstream framed its body with stays the length the client is told.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ballast_asgi.core.types import RawHeaders, Scope
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 )
-#: Headers a client's ``Connection`` tokens never remove: framing and routing, and the
+#: Headers no ``Connection`` token (a client's or an upstream's) removes: framing, routing and the
 #: headers the gateway writes or normalises itself (its decisions must reach the upstream).
 PROTECTED = frozenset(
     {
@@ -180,7 +182,7 @@ def response_headers(
         if kind == _HOP:
             continue
         if kind == _CONNECTION:
-            named = connection_names(value, named)
+            named = connection_names(value, named, PROTECTED)
             continue
         if kind == _CODING:
             coding = value if coding is None else coding + b"," + value
@@ -201,8 +203,6 @@ def response_headers(
             raise BadResponseHead("upstream sent both Content-Length and Transfer-Encoding")
     if named:
         out = [h for h in out if h[0] not in named]
-        if b"content-length" in named:
-            length = None
     return out, length, location
 
 

@@ -60,6 +60,7 @@ from ballast_asgi.core.connections import ConnectionCap
 from ballast_asgi.core.deadline import DEADLINE_HEADER, absolute_deadline
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.forwarded import client_ip
+from ballast_asgi.core.head import HeadLimits, read_head
 from ballast_asgi.core.outcome import (
     DEFAULT_FAILURE_STATUSES,
     AttemptOutcome,
@@ -80,6 +81,9 @@ from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 
 __all__ = ["WebSocketProxy", "relay_limits"]
 
+#: Bounds for an upgrade's head (uvicorn already bounded its size; the defaults add the
+#: field count and the framing rules every HTTP request gets at admission).
+_UPGRADE_HEAD = HeadLimits()
 log = logging.getLogger("ballast.websocket")
 _DENIAL = "websocket.http.response"
 #: Frames the upstream client buffers as they arrive (websockets' high-water mark; its
@@ -224,6 +228,7 @@ class WebSocketProxy:
         headers = scope["headers"]
         peer = scope.get("client")
         try:
+            read_head(headers, _UPGRADE_HEAD)  # the one head parser: duplicate Host, sizes, ...
             priority, _ = self.classifier.classify(
                 "GET", scope["path"], headers, peer[0] if peer else None
             )

@@ -163,6 +163,27 @@ def test_bad_priority_is_400_and_dead_upstream_is_502() -> None:
         assert gw.websockets.cap.open == 0
 
 
+def test_a_duplicate_host_on_an_upgrade_is_400(echo: tuple[Echo, str]) -> None:
+    """Two Host fields on an upgrade are refused as on HTTP (one head parser for both)."""
+    _, upstream = echo
+    with gateway(upstream) as (port, gw):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            key = base64.b64encode(os.urandom(16)).decode()
+            sock.sendall(
+                f"GET / HTTP/1.1\r\nHost: gw\r\nHost: evil\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                f"Sec-WebSocket-Version: 13\r\n\r\n".encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+        assert head.startswith(b"HTTP/1.1 400"), head
+        assert gw.websockets.cap.open == 0
+
+
 def test_turned_off_is_403_with_one_log_line(
     echo: tuple[Echo, str], caplog: pytest.LogCaptureFixture
 ) -> None:

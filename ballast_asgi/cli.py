@@ -168,11 +168,15 @@ def _url(sock: socket.socket, scheme: str = "http") -> str:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+#: The banner's upstream while discovery has not applied a first version.
+WAITING = "waiting for the first discovery version"
+
+
 def banner(gateway: Gateway, traffic: socket.socket, admin: socket.socket | None) -> str:
     """The start-up line: where traffic and admin are served, and what is proxied."""
     cfg = gateway.config
     scheme = "https" if cfg.server.ssl_certfile else "http"
-    upstream = ",".join(redact_userinfo(i.url) for i in cfg.instances)
+    upstream = ",".join(redact_userinfo(i.url) for i in cfg.instances) or WAITING
     line = (
         f"ballast: serving {_url(traffic, scheme)} -> {upstream} (limiter {cfg.limiter.algorithm})"
     )

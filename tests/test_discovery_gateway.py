@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
+from ballast_asgi.cli import banner
 from ballast_asgi.config.load import build_config
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.outcome import AttemptOutcome
@@ -52,6 +55,21 @@ async def test_no_version_yet_answers_503_but_admin_works() -> None:
     assert r.headers["x-ballast-reason"] == "no_instances" and r.headers["retry-after"] == "1"
     assert r.headers["retry-after"] == "1" and seen == []
     assert snap["config_version"] is None and snap["discovery"]["instances"] == []
+
+
+async def test_before_a_first_version_nothing_invented_is_listed() -> None:
+    """Before a first version: no placeholder upstream in the snapshot, the banner says waiting."""
+    _, transport = _hosts()
+    gw = _gateway(transport)
+    async with _client(gw) as c:
+        snap = (await c.get("/_ballast/snapshot")).json()
+    await gw.discovery.stop()  # type: ignore[union-attr]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        line = banner(gw, sock, None)
+    assert snap["upstreams"] == [] and snap["config"]["upstream"] == []
+    assert snap["pool"]["waiting_for_discovery"] is True
+    assert "-> waiting for the first discovery version (limiter gradient)" in line
 
 
 async def test_an_applied_version_swaps_the_upstream_list() -> None:

@@ -142,12 +142,20 @@ class PoolRuntime:
         self.attach(parts, breaker=not same)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """The ``upstreams`` list of ``/snapshot``."""
+        """The ``upstreams`` list of ``/snapshot`` (empty while discovery's placeholder
+        stands in: it is never chosen, so it is not listed as healthy or routable)."""
+        if _placeholder_only(self.pool):
+            return []
         return self.pool.snapshot(self.selector.clock())
 
     def summary(self) -> dict[str, Any]:
-        """``/snapshot``'s ``pool``: panic mode and the warnings an operator should see."""
-        return {"panic": self.pool.in_panic, "warnings": self.degraded()}
+        """``/snapshot``'s ``pool``: panic mode and the warnings an operator should see;
+        ``waiting_for_discovery`` until discovery applies its first version."""
+        return {
+            "panic": self.pool.in_panic,
+            "warnings": self.degraded(),
+            "waiting_for_discovery": _placeholder_only(self.pool),
+        }
 
     def degraded(self) -> list[str]:
         """Reasons for health ``degraded`` (every instance failing its probes)."""

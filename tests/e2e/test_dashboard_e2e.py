@@ -147,3 +147,48 @@ def test_the_policy_runs_the_page_script_and_nothing_injected(tmp_path: Path) ->
     assert '<img src=x: onerror="window.pwned=3">' in state["legend"]
     assert state["badge"] == "closed"
     assert any("Content Security Policy" in e for e in blocked), blocked
+
+
+def test_every_breaker_is_shown_with_its_own_state(tmp_path: Path) -> None:
+    """A pool with a route breaker open: the page shows that route, each instance and the
+    header as open (not the default breaker's closed), and readable panels, no JSON dump."""
+    with serving(_status_app, lifespan="off") as a, serving(_status_app, lifespan="off") as b:
+        config = build_config({"upstream": [f"http://127.0.0.1:{a}", f"http://127.0.0.1:{b}"],
+                               "breaker": {"consecutive_failures": 2, "min_failing_clients": 1,
+                                           "open_ms": 60_000, "max_open_ms": 60_000},
+                               "upstreams": {"health_check": {"enabled": False}},
+                               "retry": {"enabled": False}})  # fmt: skip
+        with serving(build_gateway(config, env={})) as port:
+            base = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=base, timeout=10) as c:
+                codes = [c.get("/status/500").status_code for _ in range(8)]
+                snap = c.get("/_ballast/snapshot").json()
+            with Browser(tmp_path / "profile") as browser:
+                browser.call("Page.navigate", url=f"{base}/_ballast/dashboard")
+                browser.pump(3.0)
+                state = browser.evaluate("""({
+                  rows: [...document.querySelectorAll('#breakers tr[data-kind]')]
+                          .map(r => [r.dataset.kind, r.dataset.name, r.dataset.state]),
+                  header: document.getElementById('v-breaker').textContent,
+                  badge: document.querySelector('#breaker-state .badge').textContent,
+                  instances: [...document.querySelectorAll('#upstreams tr[data-url]')]
+                               .map(r => [r.dataset.url, r.dataset.breaker]),
+                  panels: Object.fromEntries([...document.querySelectorAll('table.kv')]
+                            .map(t => [t.id, [...t.querySelectorAll('tr')]
+                              .map(r => r.dataset.key)])),
+                  dump: document.querySelectorAll('pre').length,
+                })""")
+                errors = browser.errors
+    assert snap["routes"]["/status"]["breaker"]["state"] == "open", (codes, snap["routes"])
+    assert snap["breaker"]["state"] == "closed"  # the top-level state the page used to show
+    assert errors == []
+    assert ["route", "/status", "open"] in state["rows"]
+    assert state["rows"][0][2] == "open" and state["header"] == "open" == state["badge"]
+    assert any(kind == "default" and st == "closed" for kind, _, st in state["rows"])
+    shown = {u: s for u, s in state["instances"]}
+    assert shown == {u["url"]: u["breaker"] for u in snap["upstreams"]} and len(shown) == 2
+    for u in snap["upstreams"]:
+        assert ["instance", u["url"], u["breaker"]] in state["rows"]
+    assert "open connections" in state["panels"]["p-websocket"]
+    assert "balance (retries available)" in state["panels"]["p-retry_budget"]
+    assert state["panels"]["p-canary"] == ["state"] and state["dump"] == 0

@@ -95,7 +95,7 @@ def test_503_source_without_health_endpoint_is_isolated() -> None:
     assert isolated_s <= 2.0, stats
     assert tail[0] == 0 and sum(tail) >= 140, tail
     assert not any(u["panic"] for u in snap["upstreams"]), snap["upstreams"]
-    assert snap["pool"] == {"panic": False, "warnings": []}
+    assert snap["pool"] == {"panic": False, "warnings": [], "waiting_for_discovery": False}
     bad = urls[0].removeprefix("http://")
     lines = log[0].splitlines()
     assert any("pool.instance_ejected" in ln and bad in ln for ln in lines), log[0]

@@ -178,6 +178,17 @@ def test_every_breaker_is_shown_with_its_own_state(tmp_path: Path) -> None:
                               .map(r => r.dataset.key)])),
                   dump: document.querySelectorAll('pre').length,
                 })""")
+                hostile = browser.evaluate("""(() => {   // names are data: drawn as text
+                  const x = '<img src=x: onerror="window.pwned=1">';
+                  drawPanels({routes: {[x]: {breaker: {state: 'open'}}}, degraded: [x],
+                    upstreams: [{url: x, breaker: x, healthy: true}], canary: {state: x},
+                    client: {[x]: x}, websocket: null}, x);
+                  return {imgs: document.querySelectorAll('main img').length,
+                          text: document.getElementById('breakers').textContent,
+                          warnings: document.getElementById('warnings').textContent};
+                })()""")
+                browser.pump(0.5)
+                pwned = browser.evaluate("window.pwned === undefined ? 0 : window.pwned")
                 errors = browser.errors
     assert snap["routes"]["/status"]["breaker"]["state"] == "open", (codes, snap["routes"])
     assert snap["breaker"]["state"] == "closed"  # the top-level state the page used to show
@@ -192,3 +203,6 @@ def test_every_breaker_is_shown_with_its_own_state(tmp_path: Path) -> None:
     assert "open connections" in state["panels"]["p-websocket"]
     assert "balance (retries available)" in state["panels"]["p-retry_budget"]
     assert state["panels"]["p-canary"] == ["state"] and state["dump"] == 0
+    assert hostile["imgs"] == 0 and pwned == 0
+    assert '<img src=x: onerror="window.pwned=1">' in hostile["text"]
+    assert '<img src=x: onerror="window.pwned=1">' in hostile["warnings"]

@@ -42,7 +42,7 @@ from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.events import FORMATS
 from ballast_asgi.events import configure as configure_events
-from ballast_asgi.gateway import Gateway, build_gateway
+from ballast_asgi.gateway import Gateway, build_gateway, warn_header_trust
 from ballast_asgi.serve import QuietServer, uvicorn_settings
 from ballast_asgi.supervisor import run_workers
 from ballast_asgi.workers import scale_config
@@ -309,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
         return 2
     print(banner(gateway, traffic, admin), file=sys.stderr, flush=True)
+    warn_header_trust(gateway.config)
     kw = {"log_level": args.log_level, "access_log": args.access_log}
     if args.workers > 1:
         return _workers(args, gateway, traffic, admin, kw)

@@ -52,6 +52,7 @@ from ballast_asgi.core.forwarded import (
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
+from ballast_asgi.events import events
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
@@ -367,6 +368,23 @@ def _check_reloadable(old: GatewayConfig, new: GatewayConfig, *, pooled: bool) -
 build_gateway = Gateway
 
 
+#: The start-up line while any client may choose its own tier.
+TRUST_EVENT = "priority.header_trusted_from_anyone"
+
+
+def warn_header_trust(config: GatewayConfig) -> bool:
+    """One start-up warning when ``priority.trust_header`` is true (the default): any
+    client can send ``X-Priority: critical``. True when the line was written."""
+    if not config.priority.trust_header:
+        return False
+    return events.emit(
+        TRUST_EVENT,
+        "warning",
+        fix="set priority.trust_header: false and list priority.trusted_networks",
+        trusted_networks=len(config.priority.trusted_networks),
+    )
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Gateway:
     """Build the gateway from the environment (``BALLAST_*``)."""
     env = dict(os.environ if env is None else env)
@@ -384,6 +402,7 @@ def __getattr__(name: str) -> Any:
     if _app is None:
         try:
             _app = from_env()
+            warn_header_trust(_app.config)
         except ConfigError as exc:
             print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -18,7 +18,7 @@ from ballast_asgi.discovery.etcd import EtcdUnavailable, KeyValue
 from ballast_asgi.discovery.follower import Follower
 from ballast_asgi.discovery.model import ConfigVersion, Instance, Keys
 from ballast_asgi.events import LOGGER, events
-from ballast_asgi.gateway import build_gateway
+from ballast_asgi.gateway import TRUST_EVENT, build_gateway, warn_header_trust
 from tests.e2e.support import free_port
 from tests.fakes import FakeClock
 
@@ -140,3 +140,17 @@ def test_canary_rollback_is_logged(seen: list[Any], caplog: pytest.LogCaptureFix
     fields = record.ballast_fields  # type: ignore[attr-defined]
     assert fields["reason"] == "operator" and fields["alpha"] == 0.01
     assert {"errors_log_e_value", "errors_log_bound", "latency_log_e_value"} <= set(fields)
+
+
+def test_trusting_every_client_is_said_once_at_start_up(
+    seen: list[object], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default priority.trust_header: true writes a start-up warning; false writes none."""
+    assert warn_header_trust(build_config({"upstream": "http://127.0.0.1:9"}))
+    assert not warn_header_trust(build_config({
+        "upstream": "http://127.0.0.1:9",
+        "priority": {"trust_header": False, "trusted_networks": ["10.0.0.0/8"]},
+    }))  # fmt: skip
+    records = [r for r in caplog.records if getattr(r, "ballast_event", None) == TRUST_EVENT]
+    assert len(records) == 1 and records[0].levelname == "WARNING"
+    assert "priority.trust_header: false" in records[0].getMessage()

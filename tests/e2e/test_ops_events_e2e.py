@@ -90,3 +90,4 @@ def test_redis_stopped_and_upstream_killed_are_logged_and_health_degraded(
     assert lost["level"] == "warning" and lost["mode"] == "redis" and "error" in lost
     assert events["upstream.connect_error"]["upstream"] == f"http://127.0.0.1:{up_port}"
     assert float(events["ratelimit.redis_back"]["down_s"]) > 0  # type: ignore[arg-type]
+    assert events["priority.header_trusted_from_anyone"]["level"] == "warning"  # the default

@@ -44,7 +44,7 @@ from ballast_asgi.events import FORMATS
 from ballast_asgi.events import configure as configure_events
 from ballast_asgi.gateway import Gateway, build_gateway, warn_header_trust
 from ballast_asgi.serve import QuietServer, uvicorn_settings
-from ballast_asgi.supervisor import run_workers
+from ballast_asgi.supervisor import run_workers, share_path
 from ballast_asgi.workers import scale_config
 
 
@@ -285,10 +285,12 @@ def _workers(
         # p2c draws, jitter and canary split) and the same rate-limit heartbeat id, so
         # Redis would count N workers as one live gateway.
         gateway = build_gateway(first.config, config_path=args.config, overrides=_overrides(args))
-        gateway.set_worker(index, args.workers)
+        redivide = first.config.workers.redivide_on_loss
+        gateway.set_worker(index, args.workers, share_path(worker_admin) if redivide else None)
         _run(serve_gateway(gateway, traffic, worker_admin, **kw))
 
-    return run_workers(args.workers, traffic, admin, run, settings)
+    redivide = first.config.workers.redivide_on_loss
+    return run_workers(args.workers, traffic, admin, run, settings, redivide=redivide)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,14 +52,14 @@ from ballast_asgi.core.forwarded import (
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
-from ballast_asgi.events import events
+from ballast_asgi.events import emit, events
 from ballast_asgi.metrics import Metrics
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.serve import adopt_uvicorn, freeze_after_startup
 from ballast_asgi.stack import Parts, build_parts, build_stack, reconfigure_parts
 from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
-from ballast_asgi.workers import scale_config
+from ballast_asgi.workers import read_live, scale_config
 
 
 class Gateway:
@@ -125,6 +125,10 @@ class Gateway:
         self.draining = False
         #: ``ballast --workers N``: this process's index, N and PID (shown in the snapshot).
         self.worker: dict[str, int] | None = None
+        #: ``workers.redivide_on_loss``: where the supervisor writes the live-worker
+        #: count, and the count the caps are divided by now (None: by N).
+        self.share_path: str | None = None
+        self.live: int | None = None
         self.websockets = WebSocketProxy(
             config=config.websocket,
             selector=self.proxy_app.selector,
@@ -181,9 +185,26 @@ class Gateway:
             routes=self._canary_routes(),
         )
 
-    def set_worker(self, index: int, of: int) -> None:
-        """Mark this gateway as worker ``index`` of ``of`` (its config already scaled)."""
+    def set_worker(self, index: int, of: int, share_path: str | None = None) -> None:
+        """Mark this gateway as worker ``index`` of ``of`` (its config already scaled);
+        ``share_path``: re-divide the caps when the supervisor says workers were lost."""
         self.worker = {"index": index, "of": of, "pid": os.getpid()} if of > 1 else None
+        self.share_path = share_path if of > 1 else None
+
+    async def redivide(self) -> tuple[bool, str] | None:
+        """Divide the caps by the live-worker count the supervisor wrote (a reload);
+        None when there is nothing new to apply."""
+        live = read_live(self.share_path)
+        if self.worker is None or live is None or live == (self.live or self.worker["of"]):
+            return None
+        previous, self.live = self.live, live
+        ok, message = await self.reload()
+        if not ok:
+            self.live = previous
+        index = self.worker["index"]
+        emit("worker.caps_redivided", "info" if ok else "warning", key=str(index),
+             worker=index, live=live, of=self.worker["of"], result=message)  # fmt: skip
+        return ok, message
 
     def _canary_routes(self) -> dict[str, Route]:
         """``/canary`` and its actions (``state: none`` without a canary)."""
@@ -262,8 +283,16 @@ class Gateway:
         loop = asyncio.get_running_loop()
         try:
             loop.add_signal_handler(signal.SIGHUP, self._reload_soon, loop)
+            if self.share_path is not None:  # the supervisor lost a worker: re-divide
+                loop.add_signal_handler(signal.SIGUSR1, self._soon, loop, self.redivide)
+                self._soon(loop, self.redivide)  # a loss before this worker started
         except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
             return
+
+    def _soon(self, loop: asyncio.AbstractEventLoop, work: Any) -> None:
+        task = loop.create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _reload_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         task = loop.create_task(self._reload_and_log())
@@ -316,6 +345,8 @@ class Gateway:
             "dry_run": self.config.load_shed_dry_run,
         }
         doc["worker"] = self.worker or {"index": 0, "of": 1, "pid": os.getpid()}
+        if self.live is not None:
+            doc["worker"] = {**doc["worker"], "caps_divided_by": self.live}
         if self.discovery is not None:  # the applied config version (docs/discovery.md)
             doc["config_version"] = self.discovery.config_version
             doc["discovery"] = self.discovery.snapshot()
@@ -329,7 +360,7 @@ class Gateway:
         try:
             new = load_config(env=env, path=path, overrides=overrides)
             if self.worker is not None:
-                new = scale_config(new, self.worker["of"])
+                new = scale_config(new, self.worker["of"], self.live)
             _check_reloadable(self.config, new, pooled=self.pool is not None)
             if new.discovery != self.config.discovery:
                 raise ConfigError("discovery.* changes need a restart; nothing applied")

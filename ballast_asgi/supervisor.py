@@ -13,7 +13,12 @@ loop: the slot is given up (``worker.crash_loop``, error) and the others serve
 on; when every slot is given up the supervisor exits with status 1. Caps are
 not re-divided while a worker is missing: each keeps its ``1/N`` share (a
 restart takes well under a second), so the gateway-wide caps are never
-exceeded.
+exceeded. A given-up slot never returns: with ``workers.redivide_on_loss`` the
+supervisor writes the live count to ``SHARE_FILE`` in its private directory
+and sends each live worker SIGUSR1; the worker's gateway reloads with the
+reloadable caps divided by that count (``Gateway.redivide``), and a worker
+that starts later reads the file at start-up. Until its gateway handles
+SIGUSR1 a worker ignores it (never killed by it).
 
 **The admin port keeps answering** what the live workers report
 (``ballast_asgi.worker_admin``):
@@ -44,6 +49,7 @@ import uvicorn
 from ballast_asgi.events import emit
 from ballast_asgi.serve import QuietServer
 from ballast_asgi.worker_admin import Aggregator, Slot
+from ballast_asgi.workers import SHARE_FILE
 
 __all__ = ["Aggregator", "Supervisor", "run_workers"]
 
@@ -53,6 +59,11 @@ RESTART_BASE_S = 0.1
 RESTART_MAX_S = 5.0
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 60.0
+
+
+def share_path(worker_admin: socket.socket) -> str:
+    """In a worker: the supervisor's live-worker file (beside its admin Unix socket)."""
+    return os.path.join(os.path.dirname(worker_admin.getsockname()), SHARE_FILE)
 
 
 def backoff_s(recent_restarts: int) -> float:
@@ -102,8 +113,19 @@ def _forget_parent_loop() -> None:
 class Supervisor:
     """Forks, watches and restarts the workers of one ``ballast --workers N``."""
 
-    def __init__(self, workers: int, traffic: socket.socket, run: WorkerFn, tmp: str) -> None:
+    def __init__(
+        self,
+        workers: int,
+        traffic: socket.socket,
+        run: WorkerFn,
+        tmp: str,
+        *,
+        redivide: bool = False,
+    ) -> None:
         self.traffic = traffic
+        #: ``workers.redivide_on_loss``: a given-up slot's share goes to the live workers.
+        self.redivide = redivide
+        self.share_path = os.path.join(tmp, SHARE_FILE)
         self.run = run
         self.parent = os.getpid()
         self.slots = [Slot(i, os.path.join(tmp, f"worker-{i}.sock")) for i in range(workers)]
@@ -128,6 +150,7 @@ class Supervisor:
                 os.setpgid(0, 0)
                 _die_with_parent(self.parent)
                 _forget_parent_loop()
+                signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the gateway handles it
                 for sock in self.close_in_child:
                     sock.close()
                 self.run(slot.index, self.traffic, admin)
@@ -167,6 +190,8 @@ class Supervisor:
             emit("worker.crash_loop", "error", key=str(slot.index), worker=slot.index,
                  pid=slot.pid, exit=slot.last_exit, restarts=len(slot.restarts),
                  window_s=CRASH_WINDOW_S)  # fmt: skip
+            if self.redivide:
+                self.redivide_caps()
             return
         delay = backoff_s(len(slot.restarts))
         slot.state = "restarting"
@@ -174,6 +199,22 @@ class Supervisor:
              exit=slot.last_exit, restart_in_s=delay)  # fmt: skip
         slot.restarts.append(now)
         loop.call_later(delay, self._restart, slot)
+
+    def redivide_caps(self) -> None:
+        """Write the live-worker count and tell each live worker (SIGUSR1) to re-divide."""
+        live = [s for s in self.slots if s.state != "given_up"]
+        if not live:
+            return
+        tmp = self.share_path + ".tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(str(len(live)))
+        os.replace(tmp, self.share_path)  # a worker never reads half a number
+        emit("worker.caps_redivided", "warning", key="supervisor", live=len(live),
+             of=len(self.slots))  # fmt: skip
+        for slot in live:  # a restarting one reads the file when it starts
+            if slot.pid is not None and slot.state in ("running", "starting"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGUSR1)
 
     def _restart(self, slot: Slot) -> None:
         if self.stopping or slot.state != "restarting":
@@ -216,10 +257,12 @@ def run_workers(
     admin: socket.socket | None,
     run: WorkerFn,
     settings: dict[str, Any],
+    *,
+    redivide: bool = False,
 ) -> int:
     """Fork ``workers`` processes serving ``traffic``; supervise them and serve ``admin``."""
     tmp = tempfile.mkdtemp(prefix="ballast-workers-")
-    sup = Supervisor(workers, traffic, run, tmp)
+    sup = Supervisor(workers, traffic, run, tmp, redivide=redivide)
     if admin is not None:
         sup.close_in_child.append(admin)
     try:
@@ -230,9 +273,9 @@ def run_workers(
         asyncio.run(_parent(sup, admin, settings))
     finally:
         traffic.close()
-        for slot in sup.slots:
-            if os.path.exists(slot.path):
-                os.unlink(slot.path)
+        for path in [s.path for s in sup.slots] + [sup.share_path]:
+            if os.path.exists(path):
+                os.unlink(path)
         os.rmdir(tmp)
     return sup.exit_code()
 

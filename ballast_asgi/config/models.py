@@ -49,6 +49,7 @@ from ballast_asgi.config.server import (
     AdminConfig,
     ServerConfig,
     WebSocketConfig,
+    WorkersConfig,
 )
 from ballast_asgi.config.upstreams import (
     MAX_INSTANCES,
@@ -141,6 +142,7 @@ class GatewayConfig(Frozen):
     server: ServerConfig = ServerConfig()
     websocket: WebSocketConfig = WebSocketConfig()
     access_log: AccessLogConfig = AccessLogConfig()
+    workers: WorkersConfig = WorkersConfig()
     #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
     rate_limit: RateLimitConfig = RateLimitConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()

@@ -133,6 +133,16 @@ class WebSocketConfig(Frozen):
     max_bytes_per_s: int = Field(ws.DEFAULT_MAX_BYTES_PER_S, ge=1_024, le=2**34)
 
 
+class WorkersConfig(Frozen):
+    """``ballast --workers N`` (ballast_asgi/supervisor.py)."""
+
+    #: When a worker is given up (a crash loop), divide the reloadable caps
+    #: (concurrency, limiter, queue, held requests and bytes, websockets) over
+    #: the workers still live instead of keeping each at 1/N. Off by default:
+    #: the live workers then serve with their 1/N share.
+    redivide_on_loss: bool = False
+
+
 class AccessLogConfig(Frozen):
     """The optional JSON access log (ballast_asgi/access_log.py)."""
 

@@ -253,3 +253,54 @@ def test_sigterm_while_a_restart_is_pending_stops_the_supervisor(
     os.unlink(sup.slots[0].path)
     os.rmdir(tmp)
     assert sup.slots[0].state == "exited" and sup.exit_code() == 0
+
+
+def test_a_given_up_worker_s_share_goes_to_the_live_one(tmp_path: Path) -> None:
+    """workers.redivide_on_loss: worker 1 killed until given up; worker 0's limit 5 -> 10."""
+    rec, up_port = Recorder(), free_port()
+    server, thread = serve_in_thread(rec, up_port)
+    port, admin = free_port(), free_port()
+    config = tmp_path / "gw.yaml"
+    config.write_text(f"upstream: http://127.0.0.1:{up_port}\nmax_concurrent_requests: 10\n"
+                      "limiter: {algorithm: fixed}\nserver: {drain_grace_ms: 0}\n"
+                      "workers: {redivide_on_loss: true}\n")  # fmt: skip
+    log = tmp_path / "stderr.log"
+    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+            str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
+    with log.open("wb") as err:
+        proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)
+    limits: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        with httpx.Client(timeout=5.0) as client:
+            snap = client.get(f"http://127.0.0.1:{admin}/snapshot").json()
+            limits.append(snap["workers"][0]["limiter"]["limit"])
+            killed: set[int] = set()
+            end = time.monotonic() + 60
+            while time.monotonic() < end:  # polling an outside process, bounded
+                snap = client.get(f"http://127.0.0.1:{admin}/snapshot").json()
+                if any(m["state"] == "given_up" for m in snap["missing"]):
+                    break
+                pids = {w["worker"]["index"]: w["worker"]["pid"] for w in snap["workers"]}
+                if pids.get(1) not in (None, *killed):
+                    killed.add(pids[1])
+                    os.kill(pids[1], signal.SIGKILL)
+                time.sleep(0.05)
+            while time.monotonic() < end:
+                snap = client.get(f"http://127.0.0.1:{admin}/snapshot").json()
+                if snap["workers"][0]["limiter"]["limit"] != limits[0]:
+                    break
+                time.sleep(0.05)
+            limits.append(snap["workers"][0]["limiter"]["limit"])
+            divided_by = snap["workers"][0]["worker"].get("caps_divided_by")
+        assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
+        proc.terminate()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        stop_thread(server, thread)
+    lines = log.read_text()
+    assert limits == [5, 10] and divided_by == 1, (limits, lines)
+    assert "worker.crash_loop" in lines and "worker.caps_redivided" in lines, lines

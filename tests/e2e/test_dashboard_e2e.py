@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -189,6 +190,17 @@ def test_every_breaker_is_shown_with_its_own_state(tmp_path: Path) -> None:
                 })()""")
                 browser.pump(0.5)
                 pwned = browser.evaluate("window.pwned === undefined ? 0 : window.pwned")
+                browser.evaluate(f"window.snapForTest = {json.dumps(snap)}; 0")
+                merged = browser.evaluate("""(() => {   // ballast --workers 2, one missing
+                  const one = window.snapForTest, two = JSON.parse(JSON.stringify(one));
+                  two.upstreams.forEach(u => { u.breaker = 'closed'; });
+                  drawPanels(merge({workers: [two, one],
+                    missing: [{index: 2, state: 'restarting'}]}), 'open');
+                  return {rows: [...document.querySelectorAll('#upstreams tr[data-url]')]
+                                  .map(r => r.dataset.breaker),
+                          warnings: document.getElementById('warnings').textContent,
+                          worker: document.querySelector('#p-process td').textContent};
+                })()""")
                 errors = browser.errors
     assert snap["routes"]["/status"]["breaker"]["state"] == "open", (codes, snap["routes"])
     assert snap["breaker"]["state"] == "closed"  # the top-level state the page used to show
@@ -206,3 +218,6 @@ def test_every_breaker_is_shown_with_its_own_state(tmp_path: Path) -> None:
     assert hostile["imgs"] == 0 and pwned == 0
     assert '<img src=x: onerror="window.pwned=1">' in hostile["text"]
     assert '<img src=x: onerror="window.pwned=1">' in hostile["warnings"]
+    assert merged["rows"] == [u["breaker"] for u in snap["upstreams"]]  # the worst view wins
+    assert "worker 2 missing (restarting)" in merged["warnings"]
+    assert merged["worker"] == "2 live of 3"

@@ -17,7 +17,8 @@ class _Snapshots(Protocol):
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-_TOTALS = (
+#: The per-host event counters, summed in the snapshot and exported as metrics.
+EVENTS = (
     "sent",
     "retried",
     "retry_denied",
@@ -46,12 +47,12 @@ def client_section() -> dict[str, Any]:
     grant now), ``granted`` / ``denied`` (totals), ``hosts_exhausted`` (hosts
     with less than one retry left).
     """
-    section: dict[str, Any] = {"transports": 0, **dict.fromkeys(_TOTALS, 0), "hosts": {}}
+    section: dict[str, Any] = {"transports": 0, **dict.fromkeys(EVENTS, 0), "hosts": {}}
     budget = {"balance": 0.0, "granted": 0, "denied": 0, "hosts_exhausted": 0}
     for transport in transports():
         doc = transport.snapshot()
         section["transports"] += 1
-        for name in _TOTALS:
+        for name in EVENTS:
             section[name] += doc[name]
         for key, state in doc["hosts"].items():
             name, n = key, 2

@@ -28,18 +28,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ballast_asgi.client.live import transports
-
-EVENTS = (
-    "sent",
-    "retried",
-    "retry_denied",
-    "throttled",
-    "backed_off",
-    "no_budget",
-    "shed",
-    "failed",
-)
+from ballast_asgi.client.live import EVENTS, transports
 
 
 class ClientCollector(Collector):

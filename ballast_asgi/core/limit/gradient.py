@@ -59,7 +59,7 @@ from ballast_asgi.core.limit.base import (
     check_bounds,
     clamp,
 )
-from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, RouteFloors
+from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, RouteFloors, percentile
 
 #: Slow start: a success that started at the limit (``binding_ratio``) and took
 #: at most this many times the no-load RTT raises the limit by ``slow_start_step``
@@ -97,12 +97,6 @@ _MAX_WINDOW_SAMPLES = 10_000
 _RECOVERING = 1.1
 #: A window is binding when at least this share of its samples started at the limit.
 _BINDING_SHARE = 0.25
-
-
-def percentile(values: list[float], p: float) -> float:
-    """The ``p``-quantile (0..1) of a non-empty list, nearest rank below."""
-    ordered = sorted(values)
-    return ordered[int(p * (len(ordered) - 1))]
 
 
 class GradientLimit:

@@ -43,7 +43,8 @@ MIN_ROUTE_SAMPLES = 3
 _MAX_ROUTE_SAMPLES = 2_000
 
 
-def _median(values: list[float], p: float) -> float:
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-quantile (0..1) of a non-empty list, nearest rank below."""
     ordered = sorted(values)
     return ordered[int(p * (len(ordered) - 1))]
 
@@ -131,7 +132,7 @@ class RouteFloors:
     def _medians(self) -> dict[str, float]:
         pending, self._pending = self._pending, {}
         return {
-            key: _median(values, self.percentile)
+            key: percentile(values, self.percentile)
             for key, values in pending.items()
             if len(values) >= MIN_ROUTE_SAMPLES
         }

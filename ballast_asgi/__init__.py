@@ -15,13 +15,13 @@ from __future__ import annotations
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from ballast_asgi._lazy import lazy_getattr
+from ballast_asgi.core._lazy import lazy_getattr, moved_modules
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig, load_config
     from ballast_asgi.core.outcome import ShedReason
     from ballast_asgi.core.priority import Priority
-    from ballast_asgi.embed import Ballast, BallastStack, install, wrap
+    from ballast_asgi.gateway.embed import Ballast, BallastStack, install, wrap
     from ballast_asgi.middleware.context import RequestContext, get_context
 
 _LAZY = {
@@ -29,10 +29,10 @@ _LAZY = {
     "load_config": "ballast_asgi.config",
     "ShedReason": "ballast_asgi.core.outcome",
     "Priority": "ballast_asgi.core.priority",
-    "Ballast": "ballast_asgi.embed",
-    "BallastStack": "ballast_asgi.embed",
-    "install": "ballast_asgi.embed",
-    "wrap": "ballast_asgi.embed",
+    "Ballast": "ballast_asgi.gateway.embed",
+    "BallastStack": "ballast_asgi.gateway.embed",
+    "install": "ballast_asgi.gateway.embed",
+    "wrap": "ballast_asgi.gateway.embed",
     "RequestContext": "ballast_asgi.middleware.context",
     "get_context": "ballast_asgi.middleware.context",
 }
@@ -56,6 +56,57 @@ __all__ = [
     "wrap",
 ]
 
+
+#: Where modules lived before the layout by role (ADR 0005, December 2026): the
+#: old dotted paths still import, as the same module object, for one release.
+_MOVED = {
+    "_lazy": "core._lazy",
+    "access_log": "ops.access_log",
+    "admin": "ops.admin",
+    "canary.blocks": "canary.core.blocks",
+    "canary.clients": "canary.core.clients",
+    "canary.config": "config.canary",
+    "canary.evidence": "canary.core.evidence",
+    "canary.history": "canary.core.history",
+    "canary.judges": "canary.core.judges",
+    "canary.rollout": "canary.core.rollout",
+    "canary.split": "canary.core.split",
+    "check": "server.check",
+    "cli": "server.cli",
+    "client.config": "client.core.config",
+    "client.hosts": "client.core.hosts",
+    "client.live": "client.core.live",
+    "client.policy": "client.core.policy",
+    "client.throttle": "client.core.throttle",
+    "discovery.model": "discovery.core.model",
+    "discovery.registration": "discovery.core.registration",
+    "discovery.versions": "discovery.core.versions",
+    "embed": "gateway.embed",
+    "events": "telemetry.events",
+    "gateway": "gateway.root",
+    "loop_lag": "telemetry.loop_lag",
+    "metrics": "telemetry.metrics",
+    "proxy.lean": "proxy.transports.lean",
+    "proxy.lean_wire": "proxy.transports.lean_wire",
+    "proxy.pool_guards": "proxy.transports.pool_guards",
+    "proxy.transport": "proxy.transports.aiohttp_transport",
+    "ratelimit.config": "config.ratelimit",
+    "routing": "gateway.routing",
+    "serve": "server.serve",
+    "serve_tls": "server.tls",
+    "serve_ws": "server.ws",
+    "stack": "gateway.stack",
+    "supervisor": "server.supervisor",
+    "upstreams.balancer": "upstreams.core.balancer",
+    "upstreams.health": "upstreams.core.health",
+    "upstreams.instance": "upstreams.core.instance",
+    "upstreams.limit": "upstreams.core.limit",
+    "upstreams.outlier": "upstreams.core.outlier",
+    "upstreams.pool": "upstreams.core.pool",
+    "worker_admin": "server.worker_admin",
+    "workers": "server.workers",
+}
+moved_modules("ballast_asgi", _MOVED)
 
 __getattr__ = lazy_getattr("ballast_asgi", _LAZY, globals())
 

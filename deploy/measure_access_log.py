@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Any
 
-from ballast_asgi.access_log import AccessLog
+from ballast_asgi.ops.access_log import AccessLog
 
 
 class _Sink(io.TextIOBase):

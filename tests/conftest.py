@@ -58,7 +58,7 @@ BOTH_COMPOSITIONS = frozenset(
 @pytest.fixture(autouse=True)
 def stack_composition(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``pipeline`` (the default) or ``chain``: how ``build_stack`` composes the stages."""
-    from ballast_asgi import stack
+    from ballast_asgi.gateway import stack
 
     kind: str = getattr(request, "param", "pipeline")
     monkeypatch.setattr(stack, "PIPELINE", kind == "pipeline")

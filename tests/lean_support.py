@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager
 
 from aiohttp import ClientTimeout
 
-from ballast_asgi.proxy.lean import LeanTransport
-from ballast_asgi.proxy.transport import DirectResponse, client_timeout
+from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
+from ballast_asgi.proxy.transports.direct import DirectResponse
+from ballast_asgi.proxy.transports.lean import LeanTransport
 from ballast_asgi.proxy.upstream import Upstream
 
 Handler = Callable[["Raw", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -22,22 +22,22 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ballast_asgi.admin import Route, _allow, _authorized
-from ballast_asgi.canary.blocks import LatencyBaseline, Version
-from ballast_asgi.canary.clients import ClientBudget
-from ballast_asgi.canary.history import StableHistory
-from ballast_asgi.canary.judges import FixedHorizonJudge, SequentialJudge, make_judge
+from ballast_asgi.canary.core.blocks import LatencyBaseline, Version
+from ballast_asgi.canary.core.clients import ClientBudget
+from ballast_asgi.canary.core.history import StableHistory
+from ballast_asgi.canary.core.judges import FixedHorizonJudge, SequentialJudge, make_judge
+from ballast_asgi.canary.core.rollout import RampPlan, Rollout, State
+from ballast_asgi.canary.core.split import Split
 from ballast_asgi.canary.log import announce
 from ballast_asgi.canary.pool import canary_selector, canary_urls
-from ballast_asgi.canary.rollout import RampPlan, Rollout, State
 from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
-from ballast_asgi.canary.split import Split
 from ballast_asgi.config.models import CanaryConfig, GatewayConfig
 from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import LATENCY_BUCKETS
 from ballast_asgi.middleware.responses import send_json
+from ballast_asgi.ops.admin import Route, _allow, _authorized
 from ballast_asgi.proxy.upstream import Selector
+from ballast_asgi.telemetry.metrics import LATENCY_BUCKETS
 
 TokenFn = Callable[[], "str | None"]
 _HEADER = b"x-ballast-version"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast_asgi.canary.rollout import Rollout, State
-from ballast_asgi.events import emit
+from ballast_asgi.canary.core.rollout import Rollout, State
+from ballast_asgi.telemetry.events import emit
 
 
 def announce(rollout: Rollout) -> None:

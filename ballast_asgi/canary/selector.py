@@ -22,12 +22,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ballast_asgi.canary.blocks import Version
-from ballast_asgi.canary.clients import ClientBudget
-from ballast_asgi.canary.history import StableHistory
+from ballast_asgi.canary.core.blocks import Version
+from ballast_asgi.canary.core.clients import ClientBudget
+from ballast_asgi.canary.core.history import StableHistory
+from ballast_asgi.canary.core.rollout import Rollout, State
+from ballast_asgi.canary.core.split import Split
 from ballast_asgi.canary.log import announce
-from ballast_asgi.canary.rollout import Rollout, State
-from ballast_asgi.canary.split import Split
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders
 from ballast_asgi.proxy.upstream import Selector, Upstream

@@ -28,7 +28,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ballast_asgi.client.live import EVENTS, transports
+from ballast_asgi.client.core.live import EVENTS, transports
 
 
 class ClientCollector(Collector):

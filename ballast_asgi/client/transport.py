@@ -43,18 +43,18 @@ from typing import Any
 import anyio
 import httpx
 
-from ballast_asgi.client import live
-from ballast_asgi.client.config import ClientConfig
-from ballast_asgi.client.errors import DeadlineExceeded, Throttled
-from ballast_asgi.client.headers import cut_timeouts, host_key, lenient_priority, tier_value
-from ballast_asgi.client.hosts import HostState, HostTable, LabelCounts
-from ballast_asgi.client.policy import (
+from ballast_asgi.client.core import live
+from ballast_asgi.client.core.config import ClientConfig
+from ballast_asgi.client.core.hosts import HostState, HostTable, LabelCounts
+from ballast_asgi.client.core.policy import (
     Verdict,
     backoff_s,
     classify_status,
     may_retry,
     retry_after_s,
 )
+from ballast_asgi.client.errors import DeadlineExceeded, Throttled
+from ballast_asgi.client.headers import cut_timeouts, host_key, lenient_priority, tier_value
 from ballast_asgi.client.stream import BoundedStream
 from ballast_asgi.core.deadline import parse_budget_ms
 from ballast_asgi.core.errors import HeaderError

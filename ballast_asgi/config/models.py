@@ -28,6 +28,7 @@ from ballast_asgi.config.policy import (
     RetryConfig,
     ShedConfig,
 )
+from ballast_asgi.config.ratelimit import RateLimitConfig
 from ballast_asgi.config.request import (
     DEFAULT_DEADLINE_STATUS,
     AdmissionConfig,
@@ -65,7 +66,6 @@ from ballast_asgi.config.upstreams import (
     UpstreamsConfig,
     upstream_kind,
 )
-from ballast_asgi.ratelimit.config import RateLimitConfig
 
 __all__ = [
     "DEFAULT_DEADLINE_STATUS",
@@ -143,7 +143,7 @@ class GatewayConfig(Frozen):
     websocket: WebSocketConfig = WebSocketConfig()
     access_log: AccessLogConfig = AccessLogConfig()
     workers: WorkersConfig = WorkersConfig()
-    #: Per-key rate limits, local or shared through Redis (ballast_asgi/ratelimit/config.py).
+    #: Per-key rate limits, local or shared through Redis (ballast_asgi/config/ratelimit.py).
     rate_limit: RateLimitConfig = RateLimitConfig()
     upstreams: UpstreamsConfig = UpstreamsConfig()
     #: Routes, the unit of policy (docs/routes.md): matched once per request, in order.

@@ -134,7 +134,7 @@ class WebSocketConfig(Frozen):
 
 
 class WorkersConfig(Frozen):
-    """``ballast --workers N`` (ballast_asgi/supervisor.py)."""
+    """``ballast --workers N`` (ballast_asgi/server/supervisor.py)."""
 
     #: When a worker is given up (a crash loop), divide the reloadable caps
     #: (concurrency, limiter, queue, held requests and bytes, websockets) over
@@ -144,7 +144,7 @@ class WorkersConfig(Frozen):
 
 
 class AccessLogConfig(Frozen):
-    """The optional JSON access log (ballast_asgi/access_log.py)."""
+    """The optional JSON access log (ballast_asgi/ops/access_log.py)."""
 
     #: One JSON line per request on stdout (method, path, status, priority, shed
     #: reason, queue wait, upstream, duration).

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ballast_asgi.canary.config import CanarySequentialConfig
 from ballast_asgi.config.base import Frozen, check_url
+from ballast_asgi.config.canary import CanarySequentialConfig
 
 
 class EtcdConfig(Frozen):
@@ -23,7 +23,7 @@ class EtcdConfig(Frozen):
     @field_validator("endpoints")
     @classmethod
     def _endpoints(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from ballast_asgi.discovery.model import parse_endpoint
+        from ballast_asgi.discovery.core.model import parse_endpoint
 
         for url in v:
             parse_endpoint(url)
@@ -57,7 +57,7 @@ class DiscoveryConfig(Frozen):
     @field_validator("service")
     @classmethod
     def _service(cls, v: str) -> str:
-        from ballast_asgi.discovery.model import check_service
+        from ballast_asgi.discovery.core.model import check_service
 
         return check_service(v)
 

@@ -38,7 +38,7 @@ the way (RFC 9112 section 6, and what nginx refuses):
   after such a head, so the body would never arrive (issue 27 item 2). A
   body-less one is an ordinary request (``Upgrade`` is hop-by-hop and dropped;
   ``upgrade`` records it; the guarded server protocol closes such a connection
-  after the answer, see ``ballast_asgi/serve.py``).
+  after the answer, see ``ballast_asgi/server/serve.py``).
 """
 
 from __future__ import annotations

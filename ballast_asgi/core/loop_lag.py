@@ -8,7 +8,7 @@ the limit, which keeps the backend idle exactly when the gateway is busiest
 it: a callback due every ``period_s`` runs late by however long the loop was
 busy with other work; the lateness of the ticks is the loop lag.
 
-``tick(now)`` is called by the driver (``ballast_asgi.loop_lag``) each time
+``tick(now)`` is called by the driver (``ballast_asgi.telemetry.loop_lag``) each time
 the tick callback runs; ``estimate(now)`` is the lag to take out of an RTT
 sampled at ``now``: an exponentially weighted mean of recent tick lateness,
 or the lateness of the tick that is overdue right now, whichever is larger

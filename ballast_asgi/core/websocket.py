@@ -17,7 +17,7 @@ rate still passes, once)::
 The relay waits ``wait`` seconds before it reads the next message from that
 side, so a socket flooding tiny frames is held to ``max_messages_per_s``
 (the server stops reading it meanwhile: TCP pushes back on the sender). The
-server protocol (``ballast_asgi/serve_ws.py``) spends the same buckets per
+server protocol (``ballast_asgi/server/ws.py``) spends the same buckets per
 socket read, for every frame it parsed (pings and pongs too, which never
 reach the relay), and pauses reading the socket for ``wait``.
 

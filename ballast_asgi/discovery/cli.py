@@ -20,7 +20,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from ballast_asgi.discovery.model import (
+from ballast_asgi.discovery.core.model import (
     DiscoveryError,
     Instance,
     Keys,

@@ -24,15 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ballast_asgi.discovery._loop import cancel_all, spawn, wait_any
-from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable, KeyValue, WatchEvent
-from ballast_asgi.discovery.model import (
+from ballast_asgi.discovery.core.model import (
     ConfigVersion,
     DiscoveryError,
     Instance,
     Keys,
     Registration,
 )
-from ballast_asgi.discovery.versions import VersionPlanner, differs
+from ballast_asgi.discovery.core.versions import VersionPlanner, differs
+from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable, KeyValue, WatchEvent
 
 EventFn = Callable[[str, dict[str, Any]], None]
 

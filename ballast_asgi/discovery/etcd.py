@@ -20,7 +20,7 @@ import aetcd
 import aetcd.exceptions
 import aetcd.rtypes
 
-from ballast_asgi.discovery.model import DiscoveryError, parse_endpoint
+from ballast_asgi.discovery.core.model import DiscoveryError, parse_endpoint
 
 #: gRPC channel options: reconnect quickly after etcd comes back.
 _CHANNEL_OPTIONS = {

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ballast_asgi.discovery._loop import until_stopped, wait_any
+from ballast_asgi.discovery.core.model import ConfigVersion, DiscoveryError, Keys
 from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
-from ballast_asgi.discovery.model import ConfigVersion, DiscoveryError, Keys
-from ballast_asgi.events import emit
+from ballast_asgi.telemetry.events import emit
 
 ApplyFn = Callable[[ConfigVersion], None]
 _HISTORY = 64

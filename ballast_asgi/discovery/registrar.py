@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ballast_asgi.discovery._loop import cancel_all, spawn, wait_any
+from ballast_asgi.discovery.core.model import Instance, Keys, Registration
+from ballast_asgi.discovery.core.registration import RegistrationCore, Step
 from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
-from ballast_asgi.discovery.model import Instance, Keys, Registration
-from ballast_asgi.discovery.registration import RegistrationCore, Step
 
 EventFn = Callable[[str, dict[str, Any]], None]
 

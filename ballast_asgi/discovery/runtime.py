@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
-from ballast_asgi.discovery.model import ConfigVersion, Instance, Keys
+from ballast_asgi.discovery.core.model import ConfigVersion, Instance, Keys
 from ballast_asgi.middleware.responses import send_json
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class DiscoveryRuntime:
     def use_pool(self, pool: Any, parts: Any) -> None:
         """Apply versions to the gateway's pool: kept URLs keep their state, new ones start
         fresh, removed ones leave the rotation and finish what they have (``set_instances``)."""
-        from ballast_asgi.upstreams.instance import InstanceSpec
+        from ballast_asgi.upstreams.core.instance import InstanceSpec
 
         def apply(instances: Sequence[Instance]) -> None:
             before = len(pool.pool.instances)

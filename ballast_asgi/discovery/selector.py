@@ -16,7 +16,7 @@ from typing import Any
 
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock
-from ballast_asgi.discovery.model import Instance
+from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.proxy.upstream import Upstream
 
 #: Stands in until the first version: never chosen (the gateway answers 503 first).

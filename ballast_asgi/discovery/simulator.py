@@ -13,7 +13,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ballast_asgi.discovery.model import (
+from ballast_asgi.discovery.core.model import (
     DiscoveryError,
     Instance,
     Keys,

@@ -3,7 +3,7 @@
 Outermost first: ``AdmissionMiddleware`` -> ``CapacityMiddleware`` ->
 ``BodyMiddleware`` -> ``QueueMiddleware`` -> ``ConcurrencyMiddleware`` ->
 ``RetryMiddleware`` -> ``BreakerMiddleware`` -> (``HandlerMiddleware`` in an
-app) -> your app or the proxy. ``ballast_asgi.stack.build_stack`` composes
+app) -> your app or the proxy. ``ballast_asgi.gateway.stack.build_stack`` composes
 them from one ``GatewayConfig`` and runs them as one ``Pipeline`` (the same
 stages, their common path in one coroutine per request); import from here to
 compose them yourself.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ballast_asgi._lazy import lazy_getattr
+from ballast_asgi.core._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ballast_asgi.core.breaker import Breaker
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ballast_asgi.core.outcome import AttemptOutcome
     from ballast_asgi.core.queue import PriorityQueue
     from ballast_asgi.core.retry_budget import RetryBudget
-    from ballast_asgi.metrics import Metrics, null_metrics
     from ballast_asgi.middleware.admission import AdmissionMiddleware
     from ballast_asgi.middleware.body import BodyMiddleware
     from ballast_asgi.middleware.breaker import BreakerMiddleware
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from ballast_asgi.middleware.queueing import QueueMiddleware
     from ballast_asgi.middleware.responses import ShedResponder
     from ballast_asgi.middleware.retry import RetryMiddleware
+    from ballast_asgi.telemetry.metrics import Metrics, null_metrics
 
 _LAZY = {
     "AdmissionMiddleware": "ballast_asgi.middleware.admission",
@@ -54,8 +54,8 @@ _LAZY = {
     "RequestContext": "ballast_asgi.middleware.context",
     "get_context": "ballast_asgi.middleware.context",
     "ShedResponder": "ballast_asgi.middleware.responses",
-    "Metrics": "ballast_asgi.metrics",
-    "null_metrics": "ballast_asgi.metrics",
+    "Metrics": "ballast_asgi.telemetry.metrics",
+    "null_metrics": "ballast_asgi.telemetry.metrics",
     "AttemptOutcome": "ballast_asgi.core.outcome",
     "Breaker": "ballast_asgi.core.breaker",
     "BreakerSet": "ballast_asgi.core.breaker_set",

@@ -45,9 +45,9 @@ from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
 from ballast_asgi.core.routes import Route, RouteTable
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.middleware.responses import ShedResponder, send_refusal
+from ballast_asgi.telemetry.metrics import Metrics
 
 #: The app's route template of a request (``embed.route_template``), or None.
 RouteKey = Callable[[Scope], "str | None"]

@@ -41,10 +41,10 @@ from ballast_asgi.core.head import (
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import DISCONNECT, body_message, replay
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import ShedResponder, send_json
+from ballast_asgi.telemetry.metrics import Metrics
 
 #: ``wait(receive(), seconds)``: the message, or ``TimeoutError`` (injectable for tests).
 Wait = Callable[[Awaitable[Message], float], Awaitable[Message]]

@@ -51,10 +51,10 @@ from ballast_asgi.core.outcome import (
 )
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.events import emit
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.telemetry.events import emit
+from ballast_asgi.telemetry.metrics import Metrics
 
 
 class BreakerMiddleware:

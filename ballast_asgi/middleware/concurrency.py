@@ -27,10 +27,10 @@ from ballast_asgi.core.limiter import Limiter, Permit
 from ballast_asgi.core.outcome import Outcome, ShedReason, limiter_signal
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.limit_route import limit_route
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.telemetry.metrics import Metrics
 
 
 def release(permit: Permit, ctx: RequestContext, now: float) -> None:

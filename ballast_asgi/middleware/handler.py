@@ -28,9 +28,9 @@ import time
 from ballast_asgi.config.models import DEFAULT_DEADLINE_STATUS
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import CURRENT_CONTEXT, RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json
+from ballast_asgi.telemetry.metrics import Metrics
 
 
 class HandlerMiddleware:

@@ -42,11 +42,11 @@ from ballast_asgi.core.outcome import Outcome, ShedReason
 from ballast_asgi.core.queue import PriorityQueue, Waiter, dispatch
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import replay, watch_disconnect
 from ballast_asgi.middleware.context import RequestContext, get_context
 from ballast_asgi.middleware.limit_route import limit_route
 from ballast_asgi.middleware.responses import ShedResponder
+from ballast_asgi.telemetry.metrics import Metrics
 
 #: The result a waiter's future gets when its client disconnects.
 GONE = "client_gone"

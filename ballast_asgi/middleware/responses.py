@@ -22,8 +22,8 @@ from ballast_asgi.core.outcome import ShedReason, shed_statuses
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext
+from ballast_asgi.telemetry.metrics import Metrics
 
 _JSON = (b"content-type", b"application/json")
 _NO_STORE = (b"cache-control", b"no-store")

@@ -55,9 +55,9 @@ from ballast_asgi.core.capacity import ByteBudget
 from ballast_asgi.core.outcome import AttemptOutcome, is_retryable
 from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware._asgi import HeldResponse, body_message, replay
 from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.telemetry.metrics import Metrics
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 

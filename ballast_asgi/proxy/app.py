@@ -1,6 +1,6 @@
 """The terminal reverse proxy: a raw ASGI app that forwards to the chosen upstream over httpx.
 
-Forwarding rules (the proxy contract, tested in tests/test_proxy*.py;
+Forwarding rules (the proxy contract, tested in tests/proxy/test_proxy*.py;
 docs/proxying.md says it for users):
 
 * Only origin-form targets (``/path?query``) are proxied; anything else gets
@@ -62,8 +62,6 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.head import NO_HEAD, HeadLimits, RequestHead, read_head
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
-from ballast_asgi.events import emit
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_json, send_refusal
 from ballast_asgi.proxy.body import (
@@ -96,13 +94,11 @@ from ballast_asgi.proxy.headers import (
 )
 from ballast_asgi.proxy.redirects import client_host, rewrite_locations
 from ballast_asgi.proxy.server import drop_request_trailers
-from ballast_asgi.proxy.transport import (
-    AiohttpTransport,
-    DirectResponse,
-    client_timeout,
-    make_transport,
-)
+from ballast_asgi.proxy.transports import AiohttpTransport, DirectResponse, make_transport
+from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
+from ballast_asgi.telemetry.events import emit
+from ballast_asgi.telemetry.metrics import Metrics
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 #: The response head as relayed: headers, Content-Length (None: unknown), has a Location.

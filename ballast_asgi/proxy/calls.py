@@ -20,14 +20,14 @@ from aiohttp import ClientTimeout
 
 from ballast_asgi.core.types import RawHeaders, Scope
 from ballast_asgi.proxy.headers import raw_target
-from ballast_asgi.proxy.lean import LeanTransport
-from ballast_asgi.proxy.transport import (
+from ballast_asgi.proxy.transports.aiohttp_transport import (
     AiohttpTransport,
-    DirectResponse,
     client_timeout,
     decode_headers,
     direct_url,
 )
+from ballast_asgi.proxy.transports.direct import DirectResponse
+from ballast_asgi.proxy.transports.lean import LeanTransport
 from ballast_asgi.proxy.upstream import Upstream
 
 #: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).

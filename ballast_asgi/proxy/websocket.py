@@ -71,13 +71,13 @@ from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import Clock, Message, Receive, Scope, Send
 from ballast_asgi.core.websocket import RelayLimits
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.ratelimit import rate_limit_headers, rate_limit_shed
 from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers
 from ballast_asgi.proxy.upstream import Selector
 from ballast_asgi.proxy.ws_relay import Relay
 from ballast_asgi.ratelimit.runtime import RateLimitRuntime
+from ballast_asgi.telemetry.metrics import Metrics
 
 __all__ = ["WebSocketProxy", "relay_limits"]
 

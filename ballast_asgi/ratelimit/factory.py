@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from ballast_asgi.config.ratelimit import RateLimitConfig
 from ballast_asgi.core.types import Clock
 from ballast_asgi.ratelimit.client import RedisClient
-from ballast_asgi.ratelimit.config import RateLimitConfig
 from ballast_asgi.ratelimit.core.breaker import Breaker, NaiveBreaker, RedisBreaker
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.core.keys import KeyResolver, Route

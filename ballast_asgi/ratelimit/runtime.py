@@ -8,8 +8,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from ballast_asgi.config.ratelimit import RateLimitConfig
 from ballast_asgi.core.types import Clock
-from ballast_asgi.ratelimit.config import RateLimitConfig
 from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter, make_resolver
 
 #: Changing any of these needs a new driver (and its Redis connections).

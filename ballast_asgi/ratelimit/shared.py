@@ -38,13 +38,13 @@ from typing import Any
 
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import Clock
-from ballast_asgi.events import emit
 from ballast_asgi.ratelimit.client import RedisClient, RedisPoolFull, RedisUnavailable
 from ballast_asgi.ratelimit.core.accounting import ChargeBook
 from ballast_asgi.ratelimit.core.breaker import Breaker, RedisBreaker
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.local import LocalBuckets
 from ballast_asgi.ratelimit.stats import RateLimitStats
+from ballast_asgi.telemetry.events import emit
 
 #: Background calls (heartbeat, sync, give-back, charge-back) may take this long.
 BACKGROUND_TIMEOUT_S = 0.5

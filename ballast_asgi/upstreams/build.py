@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.limit import make_limit
 from ballast_asgi.core.limiter import Limiter
-from ballast_asgi.events import emit
-from ballast_asgi.stack import make_algorithm
-from ballast_asgi.upstreams.health import HealthPolicy
-from ballast_asgi.upstreams.instance import InstanceSpec
-from ballast_asgi.upstreams.outlier import OutlierPolicy
-from ballast_asgi.upstreams.pool import Pool, PoolPolicy
+from ballast_asgi.gateway.stack import make_algorithm
+from ballast_asgi.telemetry.events import emit
+from ballast_asgi.upstreams.core.health import HealthPolicy
+from ballast_asgi.upstreams.core.instance import InstanceSpec
+from ballast_asgi.upstreams.core.outlier import OutlierPolicy
+from ballast_asgi.upstreams.core.pool import Pool, PoolPolicy
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from ballast_asgi.upstreams.instance import Instance
-from ballast_asgi.upstreams.pool import Pool
+from ballast_asgi.upstreams.core.instance import Instance
+from ballast_asgi.upstreams.core.pool import Pool
 
 #: ``probe(url, timeout_s) -> (passed, error)``; must not raise for HTTP failures.
 Probe = Callable[[str, float], Awaitable[tuple[bool, str | None]]]

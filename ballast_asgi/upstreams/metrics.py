@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ballast_asgi.core.types import Clock
-from ballast_asgi.upstreams.instance import Instance
-from ballast_asgi.upstreams.pool import Pool
+from ballast_asgi.upstreams.core.instance import Instance
+from ballast_asgi.upstreams.core.pool import Pool
 
 _LABELS = ["instance"]
 _GAUGES: tuple[tuple[str, str, Callable[[Instance, float], float]], ...] = (

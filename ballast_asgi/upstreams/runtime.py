@@ -25,20 +25,20 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.metrics import Metrics
+from ballast_asgi.gateway.routing import build_breakers
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.upstream import Selector
-from ballast_asgi.routing import build_breakers
+from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams import metrics as pool_metrics
 from ballast_asgi.upstreams.build import build_pool, specs
 from ballast_asgi.upstreams.checker import HealthChecker
-from ballast_asgi.upstreams.limit import PoolLimit
-from ballast_asgi.upstreams.pool import Notify, Pool
+from ballast_asgi.upstreams.core.limit import PoolLimit
+from ballast_asgi.upstreams.core.pool import Notify, Pool
 from ballast_asgi.upstreams.selector import PoolSelector
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig
-    from ballast_asgi.stack import Parts
+    from ballast_asgi.gateway.stack import Parts
 
 #: Stands in for the instances of a discovery gateway until its first config version.
 DISCOVERY_PLACEHOLDER = "http://127.0.0.1:9"

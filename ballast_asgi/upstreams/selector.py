@@ -27,8 +27,8 @@ from typing import Any
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock
 from ballast_asgi.proxy.upstream import Upstream
-from ballast_asgi.upstreams.instance import Instance, InstanceSpec, Lease
-from ballast_asgi.upstreams.pool import Pool
+from ballast_asgi.upstreams.core.instance import Instance, InstanceSpec, Lease
+from ballast_asgi.upstreams.core.pool import Pool
 
 
 class PoolSelector:

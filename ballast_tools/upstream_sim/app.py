@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ballast_asgi.admin import empty_lifespan
 from ballast_asgi.core.types import Receive, Scope, Send
+from ballast_asgi.ops.admin import empty_lifespan
 from ballast_tools.upstream_sim.model import Service, Simulator
 from ballast_tools.upstream_sim.profile_api import ProfileUpdate, apply_update, profile_to_dict
 

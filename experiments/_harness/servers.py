@@ -223,7 +223,7 @@ def start_gateway(
         files = ["--config", str(path)]
 
     def cmd(port: int, admin: int) -> list[str]:
-        return [sys.executable, "-m", "ballast_asgi.cli", "--upstream", upstream, "--host", HOST,
+        return [sys.executable, "-m", "ballast_asgi", "--upstream", upstream, "--host", HOST,
                 "--port", str(port), "--admin-port", str(admin), *files, *extra]  # fmt: skip
 
     proc, port, admin = start_on_free_ports(procs, cmd, cpu, name)

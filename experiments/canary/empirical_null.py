@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ballast_asgi.canary.evidence import DEFAULT_PARAMS
-from ballast_asgi.canary.judges import ERROR_SHARE
+from ballast_asgi.canary.core.evidence import DEFAULT_PARAMS
+from ballast_asgi.canary.core.judges import ERROR_SHARE
 from experiments.canary import rules
 from experiments.canary.model import NONE, REGRESSIONS, STABLE_INSTANCES, Blocks, Cell, simulate
 from experiments.canary.sim import BASE_ERRORS, RPS, SHARES, _seed

@@ -67,7 +67,7 @@ history before the canary's first block, as a long-running gateway has
 waits, it never fails a canary for lack of data. Every constant is a
 validated key under `canary.sequential` (the warm start under
 `canary.sequential.history`). Math and references:
-`ballast_asgi/canary/evidence.py`, `ballast_asgi/canary/history.py`.
+`ballast_asgi/canary/core/evidence.py`, `ballast_asgi/canary/core/history.py`.
 
 Baselines, selectable with `canary.rule`: `fixed_horizon` (a one-sided
 two-proportion z-test on errors after 10 minutes at alpha) and `threshold`
@@ -174,7 +174,7 @@ salt: ids computed offline put 50 of 50 requests on a 2 % canary, and
   catch +5 pp in seconds cannot tell that from a regression; many addresses
   get a cap each. Without a sticky key, failing requests are spread by the
   split like an outage on both versions, which the judge does not count.
-* *Tested* (`tests/test_canary_threats.py`, in-process, simulated clock): 50
+* *Tested* (`tests/canary/test_canary_threats.py`, in-process, simulated clock): 50
   ids computed offline for a 2 % canary put at most 5 requests there (were
   50); 1,000 500-inducing requests through those ids beside normal traffic
   for 150 simulated seconds leave a good canary running (rolled back at

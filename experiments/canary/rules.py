@@ -2,8 +2,8 @@
 
 Each function returns, per trial, the second at which the rule rolled the
 canary back (``inf`` when it never did within the run). They implement the
-same arithmetic as the pure judges in ``ballast_asgi/canary/judges.py``;
-``tests/test_canary_sim.py`` checks that both give the same rollback times on
+same arithmetic as the pure judges in ``ballast_asgi/canary/core/judges.py``;
+``tests/experiments/test_canary_sim.py`` checks that both give the same rollback times on
 the same blocks.
 """
 
@@ -14,8 +14,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ballast_asgi.canary.evidence import DEFAULT_PARAMS, EvidenceParams
-from ballast_asgi.canary.judges import CALM_CAP_NATS, ERROR_SHARE
+from ballast_asgi.canary.core.evidence import DEFAULT_PARAMS, EvidenceParams
+from ballast_asgi.canary.core.judges import CALM_CAP_NATS, ERROR_SHARE
 from experiments.canary.model import Blocks
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from ballast_asgi.canary.evidence import DEFAULT_PARAMS
+from ballast_asgi.canary.core.evidence import DEFAULT_PARAMS
 from experiments.canary import rules, warm
 from experiments.canary.model import NONE, REGRESSIONS, Cell, Regression, simulate
 

@@ -11,7 +11,7 @@ seed (the cell's, plus ``"history"``), so the run's blocks are the very ones
 the rules saw before the warm start existed.
 
 From it the judge's regime per trial and metric is decided exactly as the
-gateway does (``ballast_asgi/canary/history.py``, vectorised here; a test
+gateway does (``ballast_asgi/canary/core/history.py``, vectorised here; a test
 checks both agree): calm (no burst cap) or bursty/undecided (the burst cap).
 The chain of the history is started stationary and independent of the run's
 (a 2 s mean spell forgets its state within seconds; the run's instances are
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ballast_asgi.canary.history import HistoryParams
+from ballast_asgi.canary.core.history import HistoryParams
 from experiments.canary.model import P99, STABLE_INSTANCES, Cell, _bursty, _chains
 
 HISTORY_S = 600

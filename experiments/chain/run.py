@@ -72,7 +72,7 @@ def start_chain(procs: Procs, mode: str) -> Chain:
     else:
 
         def g_cmd2(port: int, admin: int) -> list[str]:
-            return [py, "-m", "ballast_asgi.cli", "--upstream", a_base, "--host", HOST,
+            return [py, "-m", "ballast_asgi", "--upstream", a_base, "--host", HOST,
                     "--port", str(port), "--admin-port", str(admin)]  # fmt: skip
 
         gw, g_port, _ = start_on_free_ports(procs, g_cmd2, None, f"{mode}-gw")

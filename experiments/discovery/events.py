@@ -21,8 +21,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from ballast_asgi.discovery.core.model import ConfigVersion, Instance, Keys
 from ballast_asgi.discovery.etcd import Etcd
-from ballast_asgi.discovery.model import ConfigVersion, Instance, Keys
 from ballast_asgi.discovery.registrar import Registrar
 from experiments.discovery.stack import SERVICE, TTL_S, Sim
 

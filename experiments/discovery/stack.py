@@ -158,7 +158,7 @@ def start_gateway(procs: Procs, name: str, etcd_url: str) -> Target:
     port, admin = free_port(), free_port()
     config = procs.tmp / f"{name}.yaml"
     config.write_text(GATEWAY_YAML.format(etcd=etcd_url, service=SERVICE))
-    cmd = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config),
+    cmd = [sys.executable, "-m", "ballast_asgi", "--config", str(config),
            "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin)]  # fmt: skip
     proc = procs.start(cmd, None, port, name, env={"BALLAST_UPSTREAM": ""})
     wait_port(admin, proc)

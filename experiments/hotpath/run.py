@@ -46,14 +46,14 @@ import httpx
 from ballast_asgi.config import build_config
 from ballast_asgi.core.classify import Classifier
 from ballast_asgi.gateway import build_gateway
-from ballast_asgi.metrics import Metrics
+from ballast_asgi.gateway.stack import breaker_and_retry, build_parts
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.proxy.app import ProxyApp
-from ballast_asgi.proxy.transport import AiohttpTransport
-from ballast_asgi.stack import breaker_and_retry, build_parts
+from ballast_asgi.proxy.transports.aiohttp_transport import AiohttpTransport
+from ballast_asgi.telemetry.metrics import Metrics
 from experiments._harness.procs import processes
 from experiments._harness.servers import find_binary, start_nginx_backend
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import uvloop
 
-from ballast_asgi.ratelimit.config import RateLimitConfig
+from ballast_asgi.config.ratelimit import RateLimitConfig
 from ballast_asgi.ratelimit.core.gcra import Limits
 from ballast_asgi.ratelimit.factory import RateLimiter, make_limiter
 from experiments._harness.redis import start_redis

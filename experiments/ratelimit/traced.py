@@ -30,7 +30,7 @@ from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.lease import LeaseLimiter
 from ballast_asgi.ratelimit.redis_mode import RedisLimiter
 from ballast_asgi.ratelimit.sync import SyncLimiter
-from ballast_asgi.serve import adopt_uvicorn
+from ballast_asgi.server.serve import adopt_uvicorn
 
 #: A decision or a collection longer than this is kept in the trace.
 SLOW_S = 0.001

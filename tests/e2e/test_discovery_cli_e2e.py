@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ballast_asgi.discovery.core.model import ConfigVersion, Keys
 from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
-from ballast_asgi.discovery.model import ConfigVersion, Keys
 from tests.e2e.etcd_server import EtcdServer, etcd_server
 from tests.e2e.support import stop_process
 
@@ -30,7 +30,7 @@ def etcd() -> Iterator[EtcdServer]:
 
 def _ballast(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ballast_asgi.cli", *args],
+        [sys.executable, "-m", "ballast_asgi", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

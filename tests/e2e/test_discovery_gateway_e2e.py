@@ -44,7 +44,7 @@ class Instance:
 
     def register(self) -> subprocess.Popen[bytes]:
         """Start a ``ballast register`` for this instance."""
-        return _spawn("ballast_asgi.cli", "register", "--etcd", self.etcd.url,
+        return _spawn("ballast_asgi", "register", "--etcd", self.etcd.url,
                       "--service", "judged", "--url", self.url, "--ttl", "5")  # fmt: skip
 
     def served(self) -> int:

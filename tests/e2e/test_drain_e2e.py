@@ -72,7 +72,7 @@ def test_sigterm_drains_with_exactly_one_response_per_request(
     }))  # fmt: skip
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config),
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config),
             "--port", str(port), "--admin-port", "0"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:

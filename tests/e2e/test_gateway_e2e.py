@@ -89,7 +89,7 @@ def test_uvicorn_gateway_from_environment(upstream_url: str) -> None:
 def test_cli_traffic_and_admin_ports_and_clean_shutdown(upstream_url: str) -> None:
     """`ballast` serves traffic and admin ports; SIGTERM stops it cleanly."""
     port, admin = free_port(), free_port()
-    args = [PY, "-m", "ballast_asgi.cli", "--upstream", upstream_url, "--limiter", "gradient",
+    args = [PY, "-m", "ballast_asgi", "--upstream", upstream_url, "--limiter", "gradient",
             "--port", str(port), "--admin-port", str(admin)]  # fmt: skip
     proc = _start(args, {"BALLAST_CONFIG": ""})
     try:
@@ -110,7 +110,7 @@ def test_check_config(tmp_path: Path) -> None:
     good.write_text("upstream: http://127.0.0.1:1\nmax_concurrent_requests: 10\n")
     bad = tmp_path / "bad.yaml"
     bad.write_text("admission_queue:\n  queue_timeout_ms: 0\n")
-    cli = [PY, "-m", "ballast_asgi.cli", "check-config"]
+    cli = [PY, "-m", "ballast_asgi", "check-config"]
     assert subprocess.run([*cli, str(good)], capture_output=True, timeout=30).returncode == 0
     res = subprocess.run([*cli, str(bad)], capture_output=True, timeout=30)
     assert res.returncode != 0

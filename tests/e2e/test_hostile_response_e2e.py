@@ -21,10 +21,10 @@ from ballast_asgi.config import ProxyConfig
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Message
-from ballast_asgi.metrics import Metrics
 from ballast_asgi.middleware.context import RequestContext, with_context
 from ballast_asgi.proxy.app import ProxyApp
-from ballast_asgi.proxy.transport import make_transport
+from ballast_asgi.proxy.transports import make_transport
+from ballast_asgi.telemetry.metrics import Metrics
 from tests.e2e.hostile_response import GOOD_BODY, HostileUpstream, pipelined
 from tests.e2e.support import thread_servers
 from tests.lean_support import answering, raw_upstream

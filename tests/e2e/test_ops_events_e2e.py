@@ -55,7 +55,7 @@ def test_redis_stopped_and_upstream_killed_are_logged_and_health_degraded(
         "rate_per_s: 1000, burst: 1000}\n"
     )
     log = tmp_path / "stderr.log"
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", "0", "--log-format", "json"]  # fmt: skip
     with log.open("wb") as err:
         gw = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)

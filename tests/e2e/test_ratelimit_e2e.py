@@ -197,7 +197,7 @@ def test_ballast_workers_share_one_limit_through_redis(
     config.write_text(yaml.safe_dump({"upstream": upstream, "rate_limit": section,
                                       "server": {"drain_grace_ms": 0}}))  # fmt: skip
     port, admin = free_port(), free_port()
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:

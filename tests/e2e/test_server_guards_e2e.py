@@ -1,6 +1,6 @@
 """The server under the gateway, on raw sockets: head size and time caps, connection cap.
 
-Also pins what plain uvicorn does (the reason for ``ballast_asgi.serve``):
+Also pins what plain uvicorn does (the reason for ``ballast_asgi.server.serve``):
 httptools passes a 1 MB header to the app; h11 stops at 16 KiB.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ballast_asgi.config.models import ServerConfig
-from ballast_asgi.serve import uvicorn_settings
+from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.raw import exchange, status_of
 from tests.e2e.servers import serving
 

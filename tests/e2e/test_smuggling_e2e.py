@@ -16,7 +16,7 @@ import pytest
 from ballast_asgi.config import build_config
 from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.gateway import build_gateway
-from ballast_asgi.serve import uvicorn_settings
+from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.raw_http import ScriptedUpstream, parse_responses, read_request
 from tests.e2e.servers import serving
 

@@ -22,7 +22,7 @@ import trustme
 from ballast_asgi.config import build_config
 from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.gateway import build_gateway
-from ballast_asgi.serve import uvicorn_settings
+from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.servers import serving
 from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_process, stop_thread
 
@@ -59,7 +59,7 @@ def test_cli_terminates_tls(pems: tuple[Path, Path, Path]) -> None:
     ca_pem, cert, key = pems
     up_port, port = free_port(), free_port()
     server, thread = serve_in_thread(hello, up_port)
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--upstream", f"http://127.0.0.1:{up_port}",
+    args = [sys.executable, "-m", "ballast_asgi", "--upstream", f"http://127.0.0.1:{up_port}",
             "--port", str(port), "--admin-port", "0",
             "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)

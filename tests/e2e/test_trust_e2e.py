@@ -61,7 +61,7 @@ def gateway(form: str, config: Path) -> Iterator[int]:
     port = free_port()
     env = {**os.environ, **NO_BALLAST_ENV, "BALLAST_CONFIG": str(config)}
     if form == "cli":
-        args = ["-m", "ballast_asgi.cli", "--port", str(port), "--admin-port", "0"]
+        args = ["-m", "ballast_asgi", "--port", str(port), "--admin-port", "0"]
     else:
         args = ["-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port)]
     proc = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)

@@ -205,7 +205,7 @@ def test_echo_through_the_cli(echo: tuple[Echo, str], tmp_path: Path) -> None:
     """The `ballast` CLI proxies a websocket echo too."""
     port = free_port()
     env = {**os.environ, **NO_BALLAST_ENV}
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--upstream", echo[1], "--port", str(port),
+    args = [sys.executable, "-m", "ballast_asgi", "--upstream", echo[1], "--port", str(port),
             "--admin-port", "0"]  # fmt: skip
     proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
     try:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ballast_asgi.config import build_config
-from ballast_asgi.workers import merge_metrics, scale_config
+from ballast_asgi.server.workers import merge_metrics, scale_config
 from tests.e2e.raw import metric
 from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_thread, wait_http
 from tests.e2e.test_trust_e2e import Recorder
@@ -55,7 +55,7 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
     config = tmp_path / "gw.yaml"
     config.write_text(f"upstream: http://127.0.0.1:{up_port}\nmax_concurrent_requests: 10\n"
                       "server: {drain_grace_ms: 0}\n")  # fmt: skip
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:
@@ -100,7 +100,7 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     port, admin = free_port(), free_port()
     config = tmp_path / "gw.yaml"
     config.write_text(f"upstream: http://127.0.0.1:{up_port}\nserver: {{drain_grace_ms: 0}}\n")
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE,
                             start_new_session=True)  # fmt: skip
@@ -134,7 +134,7 @@ def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Pa
     config = tmp_path / "gw.yaml"
     config.write_text(f"upstream: http://127.0.0.1:{up_port}\nserver: {{drain_grace_ms: 0}}\n")
     log = tmp_path / "stderr.log"
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     with log.open("wb") as err:
         proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)
@@ -178,7 +178,7 @@ def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Pa
 
 def test_missing_worker_is_reported_not_refused() -> None:
     """A worker that does not answer: /metrics and /snapshot 200 from the others, say which."""
-    from ballast_asgi.worker_admin import Aggregator, Slot
+    from ballast_asgi.server.worker_admin import Aggregator, Slot
 
     gone = Slot(1, "/nonexistent/b.sock", pid=12, state="restarting", last_exit="signal SIGKILL")
     slots = [Slot(0, "/nonexistent/a.sock", pid=11, state="running"), gone]
@@ -206,7 +206,7 @@ def test_a_worker_that_keeps_crashing_is_given_up(monkeypatch: pytest.MonkeyPatc
     import socket
     import tempfile
 
-    from ballast_asgi import supervisor as sup_mod
+    from ballast_asgi.server import supervisor as sup_mod
 
     monkeypatch.setattr(sup_mod, "RESTART_BASE_S", 0.001)
     monkeypatch.setattr(sup_mod, "CRASH_LIMIT", 3)
@@ -231,7 +231,7 @@ def test_sigterm_while_a_restart_is_pending_stops_the_supervisor(
     import socket
     import tempfile
 
-    from ballast_asgi import supervisor as sup_mod
+    from ballast_asgi.server import supervisor as sup_mod
 
     monkeypatch.setattr(sup_mod, "RESTART_BASE_S", 60.0)  # the restart never comes in time
     died = asyncio.Event()
@@ -265,7 +265,7 @@ def test_a_given_up_worker_s_share_goes_to_the_live_one(tmp_path: Path) -> None:
                       "limiter: {algorithm: fixed}\nserver: {drain_grace_ms: 0}\n"
                       "workers: {redivide_on_loss: true}\n")  # fmt: skip
     log = tmp_path / "stderr.log"
-    args = [sys.executable, "-m", "ballast_asgi.cli", "--config", str(config), "--port",
+    args = [sys.executable, "-m", "ballast_asgi", "--config", str(config), "--port",
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     with log.open("wb") as err:
         proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)

@@ -26,7 +26,7 @@ A ``Sample`` describes one request that held a permit:
 Requests released as ``Outcome.IGNORED`` (client gone, shed downstream) and
 requests that were refused never become samples.
 
-Contract (checked for every algorithm by ``tests/test_limits.py``):
+Contract (checked for every algorithm by ``tests/core/test_limits.py``):
 
 1. ``min_limit <= limit <= max_limit`` after any sample sequence;
 2. a run of dropped samples never raises the limit;

@@ -1,0 +1,4 @@
+"""The calling end's pure core: config, per-host state, throttle, retry policy, counters.
+
+Standard library only.
+"""

@@ -1,0 +1,445 @@
+"""The composition root: one config object in, the whole stack out.
+
+``build_gateway(config, ...)`` wires the stateful collaborators (limiter,
+queue, breaker, retry budget, proxy) and the stages around them::
+
+    AdminRouter -> Admission -> Queue -> Concurrency -> Breaker -> ProxyApp
+
+``ballast_asgi.gateway:app`` is built from the environment on first access
+(``BALLAST_UPSTREAM``, ``BALLAST_LIMITER``, ``BALLAST_FIXED_LIMIT``,
+``BALLAST_CONFIG``), so a bad setting stops ``uvicorn`` at start-up with one
+line naming it, instead of failing at the first request.
+
+Forwarded headers: ``scope["client"]`` stays the direct TCP peer (what
+``priority.trusted_networks`` is checked against and what the proxy appends to
+``X-Forwarded-For``); ``proxy.trusted_proxies`` decides whose
+``X-Forwarded-For``/``-Proto`` are believed (``ballast_asgi.core.forwarded``).
+When uvicorn imports ``app`` it is adopted (``adopt_uvicorn``): its own
+proxy-headers rewrite, its ``date``/``server`` headers are turned off and the
+guarded protocol (``ballast_asgi.server.serve``) is installed. A scope whose client
+was nevertheless rewritten from ``X-Forwarded-For`` (uvicorn run some other
+way) gets ``client = None``: never trusted, one warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from ballast_asgi.canary.asgi import CanaryAdmin, CanaryMiddleware, attach_canary
+from ballast_asgi.config import GatewayConfig, load_config
+from ballast_asgi.config.models import ServerConfig, WebSocketConfig
+from ballast_asgi.core.classify import Classifier
+from ballast_asgi.core.errors import ConfigError, HeaderError
+from ballast_asgi.core.forwarded import (
+    CLIENT_IP_KEY,
+    ForwardedTrust,
+    forwarded_entries,
+    rewritten_by_server,
+)
+from ballast_asgi.core.redact import redact_userinfo
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.discovery.runtime import DiscoveryRuntime
+from ballast_asgi.gateway.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.ops.access_log import AccessLog
+from ballast_asgi.ops.admin import AdminRouter, Route
+from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.websocket import WebSocketProxy
+from ballast_asgi.server.serve import adopt_uvicorn, freeze_after_startup
+from ballast_asgi.server.workers import read_live, scale_config
+from ballast_asgi.telemetry.events import emit, events
+from ballast_asgi.telemetry.metrics import Metrics
+from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
+
+
+class Gateway:
+    """The composed gateway: an ASGI app with admin endpoints, snapshot and reload."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        clock: Clock = time.monotonic,
+        transport: httpx.AsyncBaseTransport | None = None,
+        registry: CollectorRegistry | None = None,
+        rng: random.Random | None = None,
+        config_path: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        if config.upstream is None and config.discovery is None:
+            raise ConfigError("BALLAST_UPSTREAM: not set; the gateway needs an upstream URL")
+        self.config = config
+        self.clock = clock
+        self.metrics = Metrics(registry)
+        self.rng = rng or random.Random()
+        self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=self.rng)
+        self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
+        if self.discovery is not None:
+            self.discovery.register_metrics(self.metrics.registry)
+        self.pool = PoolRuntime.build(
+            config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport,
+            discovered=self.discovery is not None,
+        )  # fmt: skip
+        self.proxy_app = (
+            self.pool.proxy
+            if self.pool is not None
+            else ProxyApp(
+                config.instances[0].url if config.instances else None,
+                config=config.proxy,
+                transport=transport,
+                metrics=self.metrics,
+                clock=clock,
+                selector=self.discovery.selector if self.discovery else None,
+            )
+        )
+        #: The terminal app (the pool's proxy is wrapped so lifespan runs its probes).
+        self.proxy: ASGIApp = self.pool.app if self.pool is not None else self.proxy_app
+        if self.pool is not None:
+            self.pool.attach(self.parts)
+            if self.discovery is not None:  # versions swap the pool's instances
+                self.discovery.use_pool(self.pool, self.parts)
+        self.canary = attach_canary(
+            self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng,
+            gateway=config,
+        )  # fmt: skip
+        self._source = (config_path, env, dict(overrides or {}))
+        self.version = 1
+        self.loaded_at = time.time()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.forwarded = ForwardedTrust(config.proxy.trusted_proxies)
+        #: Whether the server may have rewritten ``scope["client"]`` (unknown: assume so).
+        self.server_may_rewrite = True
+        self._warned_rewrite = False
+        #: Set when a graceful shutdown begins: health answers 503 ``draining``.
+        self.draining = False
+        #: ``ballast --workers N``: this process's index, N and PID (shown in the snapshot).
+        self.worker: dict[str, int] | None = None
+        #: ``workers.redivide_on_loss``: where the supervisor writes the live-worker
+        #: count, and the count the caps are divided by now (None: by N).
+        self.share_path: str | None = None
+        self.live: int | None = None
+        self.websockets = WebSocketProxy(
+            config=config.websocket,
+            selector=self.proxy_app.selector,
+            classifier=Classifier(config.priority),
+            metrics=self.metrics,
+            responder=self.parts.responder,
+            ratelimit=self.parts.ratelimit,
+            budget=self.parts.capacity.byte_budget if self.parts.capacity else None,
+            default_priority=config.priority.default,
+            clock=clock,
+        )
+        self._app = self._compose(config)
+
+    def _compose(self, config: GatewayConfig) -> ASGIApp:
+        terminal: ASGIApp = self.proxy
+        if self.canary is not None:
+            c = config.canary
+            terminal = CanaryMiddleware(self.proxy, self.canary.selector, header=c.version_header,
+                                        cookie=c.signed_cookie,
+                                        cookie_max_age_s=c.signed_cookie_max_age_s)  # fmt: skip
+        logged = config.access_log.enabled
+        inner = AccessLog.inner(terminal) if logged else terminal
+        stack = build_stack(inner, self.parts, config, retries=True)
+        if self.discovery is not None:  # lifespan starts it; 503 until a first version
+            stack = self.discovery.wrap(stack)
+        app = self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+        #: Requests outside the admin prefix go to ``stack`` directly (one coroutine
+        #: level less, issue 18); with the access log on, everything goes through it.
+        self._router, self._stack = app, (None if logged else stack)
+        return AccessLog(app, classify=self._tier) if logged else app
+
+    def _tier(self, scope: Scope) -> str | None:
+        """The tier of a request that never reached the terminal app (for the access log)."""
+        client = scope.get("client")
+        try:
+            tier, _ = self.websockets.classifier.classify(
+                scope["method"], scope["path"], scope["headers"], client[0] if client else None
+            )
+        except HeaderError:
+            return None
+        return tier.label
+
+    def _admin(self, app: ASGIApp | None, prefix: str, enabled: Any) -> AdminRouter:
+        return AdminRouter(
+            app,
+            exposition=self.metrics.exposition,
+            snapshot=self.snapshot,
+            prefix=prefix,
+            reload=self.reload_logged,
+            token=lambda: self.config.admin.token,
+            protect=lambda: self.config.admin.token_required,
+            enabled=enabled,
+            health=self.health,
+            routes=self._canary_routes(),
+        )
+
+    def set_worker(self, index: int, of: int, share_path: str | None = None) -> None:
+        """Mark this gateway as worker ``index`` of ``of`` (its config already scaled);
+        ``share_path``: re-divide the caps when the supervisor says workers were lost."""
+        self.worker = {"index": index, "of": of, "pid": os.getpid()} if of > 1 else None
+        self.share_path = share_path if of > 1 else None
+
+    async def redivide(self) -> tuple[bool, str] | None:
+        """Divide the caps by the live-worker count the supervisor wrote (a reload);
+        None when there is nothing new to apply."""
+        live = read_live(self.share_path)
+        if self.worker is None or live is None or live == (self.live or self.worker["of"]):
+            return None
+        previous, self.live = self.live, live
+        ok, message = await self.reload()
+        if not ok:
+            self.live = previous
+        index = self.worker["index"]
+        emit("worker.caps_redivided", "info" if ok else "warning", key=str(index),
+             worker=index, live=live, of=self.worker["of"], result=message)  # fmt: skip
+        return ok, message
+
+    def _canary_routes(self) -> dict[str, Route]:
+        """``/canary`` and its actions (``state: none`` without a canary)."""
+        return CanaryAdmin(self.canary, token=lambda: self.config.admin.token).routes()
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """200 ``ok``; 200 ``degraded`` with reasons when a dependency is lost (Redis,
+        etcd, every instance failing its probes); 503 ``draining`` once a shutdown began."""
+        if self.draining:
+            return 503, {"status": "draining"}
+        reasons = self.degraded()
+        if reasons:
+            return 200, {"status": "degraded", "reasons": reasons}
+        return 200, {"status": "ok"}
+
+    def degraded(self) -> list[str]:
+        """Why the gateway runs degraded (empty when it does not): one line per cause."""
+        reasons = self.pool.degraded() if self.pool is not None else []
+        if self.parts.ratelimit is not None and self.config.rate_limit.enabled:
+            reasons += self.parts.ratelimit.degraded()
+        if self.discovery is not None:
+            reasons += self.discovery.degraded()
+        now = self.clock()
+        routes = self.parts.breakers.open_keys(now)
+        if routes:  # per-route breakers (breaker.scope: route)
+            more = " ..." if len(routes) > 8 else ""
+            names = ", ".join(routes[:8])
+            reasons.append(f"breaker: open on routes {names}{more} (those routes are shed)")
+        elif self.parts.breaker.state(now).value == "open":
+            reasons.append("breaker: open (the upstream is failing; requests are shed)")
+        return reasons
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            scope = self._peer(scope)
+            if self._stack is not None and self._router.passes(scope):
+                await self._stack(scope, receive, send)  # the admin router's pass-through
+                return
+        elif kind == "websocket":
+            await self.websockets(self._peer(scope), receive, send)
+            return
+        elif kind == "lifespan":
+            self._handle_sighup()
+            send = freeze_after_startup(send)
+        await self._app(scope, receive, send)
+
+    def _peer(self, scope: Scope) -> Scope:
+        """Keep ``client`` the direct peer; add the originating client for trusted proxies."""
+        entries = forwarded_entries(scope["headers"])
+        client = scope.get("client")
+        if entries and self.server_may_rewrite and rewritten_by_server(client, entries):
+            self._warn_rewrite()
+            return {**scope, "client": None}
+        peer = client[0] if client else None
+        if not self.forwarded.is_trusted(peer):
+            return scope
+        out = {**scope, CLIENT_IP_KEY: self.forwarded.client_ip(peer, entries)}
+        scheme = self.forwarded.scheme(peer, scope["headers"])
+        if scheme is not None:
+            out["scheme"] = scheme if scope["type"] == "http" else scheme.replace("http", "ws")
+        return out
+
+    def _warn_rewrite(self) -> None:
+        if not self._warned_rewrite:
+            self._warned_rewrite = True
+            print(
+                "ballast: the server rewrote the client address from X-Forwarded-For; "
+                "the direct peer is unknown and trusted for nothing. Run uvicorn with "
+                "--no-proxy-headers and set proxy.trusted_proxies instead",
+                file=sys.stderr,
+            )
+
+    def _handle_sighup(self) -> None:
+        """Reload the config on SIGHUP (under uvicorn or the CLI, in the main thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, self._reload_soon, loop)
+            if self.share_path is not None:  # the supervisor lost a worker: re-divide
+                loop.add_signal_handler(signal.SIGUSR1, self._soon, loop, self.redivide)
+                self._soon(loop, self.redivide)  # a loss before this worker started
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            return
+
+    def _soon(self, loop: asyncio.AbstractEventLoop, work: Any) -> None:
+        task = loop.create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _reload_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._reload_and_log())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reload_and_log(self) -> None:
+        await self.reload_logged()
+
+    async def reload_logged(self) -> tuple[bool, str]:
+        """``reload`` plus one log line (SIGHUP and ``POST /_ballast/reload`` alike)."""
+        ok, message = await self.reload()
+        print(f"ballast: reload {'applied' if ok else 'rejected'}: {message}", file=sys.stderr)
+        return ok, message
+
+    def admin_app(self) -> AdminRouter:
+        """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""
+        return self._admin(None, "", lambda: True)
+
+    @property
+    def server_config(self) -> ServerConfig:
+        """The ``server`` section (settings of the HTTP server in front of the gateway)."""
+        return self.config.server
+
+    @property
+    def websocket_config(self) -> WebSocketConfig:
+        """The ``websocket`` section (uvicorn's websocket limits are set from it)."""
+        return self.config.websocket
+
+    def snapshot(self) -> dict[str, Any]:
+        """The live state of every stage as one JSON-safe document."""
+        doc = self.parts.snapshot(self.clock())
+        doc["upstreams"] = (
+            self.pool.snapshot()
+            if self.pool is not None
+            else plain_snapshot(self.proxy_app.selector)
+        )
+        if self.pool is not None:
+            doc["pool"] = self.pool.summary()
+        doc["degraded"] = self.degraded()
+        doc["config"] = {
+            "version": self.version,
+            "loaded_at": self.loaded_at,
+            "upstream": (
+                redact_userinfo(self.config.upstream)
+                if isinstance(self.config.upstream, str)
+                else [u["url"] for u in doc["upstreams"]]
+            ),
+            "limiter": self.config.limiter.algorithm,
+            "dry_run": self.config.load_shed_dry_run,
+        }
+        doc["worker"] = self.worker or {"index": 0, "of": 1, "pid": os.getpid()}
+        if self.live is not None:
+            doc["worker"] = {**doc["worker"], "caps_divided_by": self.live}
+        if self.discovery is not None:  # the applied config version (docs/discovery.md)
+            doc["config_version"] = self.discovery.config_version
+            doc["discovery"] = self.discovery.snapshot()
+        doc["canary"] = {"state": "none"} if self.canary is None else self.canary.snapshot()
+        doc["websocket"] = self.websockets.snapshot()
+        return doc
+
+    async def reload(self) -> tuple[bool, str]:
+        """Re-read the config source and apply it without dropping any request."""
+        path, env, overrides = self._source
+        try:
+            new = load_config(env=env, path=path, overrides=overrides)
+            if self.worker is not None:
+                new = scale_config(new, self.worker["of"], self.live)
+            _check_reloadable(self.config, new, pooled=self.pool is not None)
+            if new.discovery != self.config.discovery:
+                raise ConfigError("discovery.* changes need a restart; nothing applied")
+            if new.canary != self.config.canary:
+                raise ConfigError("canary.* changes need a restart; nothing applied")
+        except ConfigError as exc:
+            self.metrics.config_reloads.labels("error").inc()
+            return False, redact_userinfo(str(exc))
+        reconfigure_parts(self.parts, self.config, new, self.clock())
+        if self.pool is not None:  # with discovery, the list stays the applied version's
+            self.pool.reload(new, self.parts, discovered=self.discovery is not None)
+        self.config = new
+        self.websockets.reconfigure(new.websocket)
+        self.websockets.classifier = Classifier(new.priority)
+        self._app = self._compose(new)
+        self.version += 1
+        self.loaded_at = time.time()
+        self.metrics.config_reloads.labels("ok").inc()
+        return True, f"config version {self.version} applied"
+
+
+def _check_reloadable(old: GatewayConfig, new: GatewayConfig, *, pooled: bool) -> None:
+    """Raise ConfigError for changes a reload cannot apply (a pool may change its instances)."""
+    if new.proxy != old.proxy or new.upstreams != old.upstreams:
+        raise ConfigError("proxy.* and upstreams.* changes need a restart; nothing applied")
+    if pooled and len(new.instances) >= 2:
+        return
+    if new.upstream != old.upstream:
+        raise ConfigError(
+            "upstream changes need a restart unless the gateway runs a pool (a list of "
+            "instances) and keeps one; nothing applied"
+        )
+
+
+#: Build the whole gateway from one config object (the composition root's entry point).
+build_gateway = Gateway
+
+
+#: The start-up line while any client may choose its own tier.
+TRUST_EVENT = "priority.header_trusted_from_anyone"
+
+
+def warn_header_trust(config: GatewayConfig) -> bool:
+    """One start-up warning when ``priority.trust_header`` is true (the default): any
+    client can send ``X-Priority: critical``. True when the line was written."""
+    if not config.priority.trust_header:
+        return False
+    return events.emit(
+        TRUST_EVENT,
+        "warning",
+        fix="set priority.trust_header: false and list priority.trusted_networks",
+        trusted_networks=len(config.priority.trusted_networks),
+    )
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Gateway:
+    """Build the gateway from the environment (``BALLAST_*``)."""
+    env = dict(os.environ if env is None else env)
+    return build_gateway(load_config(env=env), env=env)
+
+
+_app: Gateway | None = None
+
+
+def lazy_app(caller: Any) -> Gateway:
+    """``ballast_asgi.gateway.app``: built from the environment on first access.
+
+    ``caller`` is the frame that asked (uvicorn's ``Config.load``), which
+    ``adopt_uvicorn`` reads to turn off uvicorn's own rewrites.
+    """
+    global _app
+    if _app is None:
+        try:
+            _app = from_env()
+            warn_header_trust(_app.config)
+        except ConfigError as exc:
+            print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
+            raise SystemExit(2) from None
+    # Every access: uvicorn's CLI imports the app once before Config.load() and
+    # again inside it (after computing its default headers and protocol class).
+    adopt_uvicorn(_app, caller)
+    return _app

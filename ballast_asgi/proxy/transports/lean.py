@@ -1,0 +1,284 @@
+"""The lean upstream transport: plain-http requests with an in-memory body on asyncio protocols.
+
+Why: the aiohttp client (with multidict and yarl) was the largest block of the
+gateway's samples at saturation, about 35 % (docs/bench.md, issue 18 item 4);
+a proxy's common case needs little of it. ``LeanTransport`` is an
+``AiohttpTransport`` whose direct path (``send_lean``, used by
+``proxy/calls.py``) writes the request (request line, headers and body built
+once, one write) on a pooled ``loop.create_connection`` connection and parses
+the answer with ``httptools`` (``lean_wire.py``). Everything else goes the
+aiohttp way unchanged: https upstreams, streamed request bodies, a header
+block with CR or LF in it, and the httpx seam (``handle_async_request``).
+docs/adr/0011-lean-upstream-client.md has the numbers.
+
+Pool: idle keep-alive connections per ``(host, port)``, newest first, unused
+after ``keepalive_s`` (checked when taken, swept in the background); at most
+``max_connections`` open (in use + idle) across all upstreams, an idle one of
+another upstream closed to make room, else the request waits for a slot.
+Timeouts come from aiohttp's ``ClientTimeout`` as ``client_timeout`` builds
+it: ``connect`` bounds waiting for a slot plus connecting, ``sock_connect`` the
+connect, ``total`` the whole exchange (body included), ``sock_read`` the gap
+between reads. Errors are httpx's as ``map_error`` gives them: refused ->
+``ConnectError``, connect or slot timeout -> ``ConnectTimeout``; the rest in
+``lean_wire.py``. No request is ever sent twice (no hidden retry, not even on
+a pooled connection the upstream had closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable
+from typing import Any
+
+import httpx
+from aiohttp import ClientTimeout
+
+from ballast_asgi.core.types import RawHeaders
+from ballast_asgi.proxy.transports.aiohttp_transport import AiohttpTransport
+from ballast_asgi.proxy.transports.direct import DirectResponse
+from ballast_asgi.proxy.transports.lean_wire import Conn, LeanResponse
+from ballast_asgi.proxy.upstream import Upstream
+
+#: Bodies above this go in their own write (no copy into the head's bytes).
+_JOIN_BODY_BYTES = 64 * 1024
+
+
+def request_head(
+    method: str, upstream: Upstream, target: bytes, headers: RawHeaders
+) -> bytes | None:
+    """Request line and header block, or None when a CR or LF would split them.
+
+    ``target`` is origin-form (the proxy refused anything else); the path is
+    the upstream's base path plus it, as ``direct_url`` builds it.
+    """
+    if target[:1] not in (b"/", b"?", b""):
+        return None
+    path = upstream.base_path + target
+    if path[:1] != b"/":
+        path = b"/" + path
+    lines = [method.encode("ascii") + b" " + path + b" HTTP/1.1"]
+    lines += [name + b": " + value for name, value in headers]
+    lines.append(b"\r\n")
+    head = b"\r\n".join(lines)
+    breaks = len(lines)  # one CRLF between lines, two after the last header
+    if head.count(b"\n") != breaks or head.count(b"\r") != breaks:
+        return None
+    return head
+
+
+class _Pool:
+    """Keep-alive connections per (host, port), at most ``limit`` open in all."""
+
+    def __init__(self, limit: int, keepalive_s: float) -> None:
+        self.limit = limit
+        self.keepalive_s = keepalive_s
+        self.idle: dict[tuple[str, int], list[Conn]] = {}
+        self.idle_count = 0
+        self.in_use = 0
+        self.closed = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def acquire(
+        self, host: str, port: int, limits: ClientTimeout, deadline: float | None
+    ) -> Conn:
+        """A connection for one exchange (pooled if one is fresh, else a new one)."""
+        key = (host, port)
+        until: float | None = None
+        while True:
+            conn = self.take(key)
+            if conn is not None:
+                return conn
+            if self.in_use + self.idle_count < self.limit:
+                break
+            if self.idle_count:
+                self._evict()  # an idle connection of another upstream makes room
+                continue
+            if until is None:
+                budget = _budget(limits.connect, deadline)
+                until = float("inf") if budget is None else time_now() + budget
+            await self._wait(until)
+        self.in_use += 1
+        try:
+            return await self._connect(key, limits, deadline)
+        except BaseException:
+            self.release(None, False)
+            raise
+
+    def take(self, key: tuple[str, int]) -> Conn | None:
+        """The newest fresh idle connection to ``key`` (stale ones closed on the way)."""
+        idle = self.idle.get(key)
+        if not idle:
+            return None
+        now = time_now()
+        while idle:
+            conn = idle.pop()
+            self.idle_count -= 1
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                self.in_use += 1
+                return conn
+            conn.close()
+        return None
+
+    async def _wait(self, until: float) -> None:
+        """Wait for a released connection, until loop time ``until`` (then ConnectTimeout)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(None if until == float("inf") else until):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._wake()  # woken but leaving: the turn goes to the next waiter
+            if isinstance(exc, TimeoutError):
+                raise httpx.ConnectTimeout("no upstream connection free in time") from None
+            raise
+
+    async def _connect(
+        self, key: tuple[str, int], limits: ClientTimeout, deadline: float | None
+    ) -> Conn:
+        loop = asyncio.get_running_loop()
+        connect = limits.sock_connect if limits.sock_connect is not None else limits.connect
+        try:
+            async with asyncio.timeout(_budget(connect, deadline)):
+                _, conn = await loop.create_connection(lambda: Conn(key, self.release), *key)
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        return conn
+
+    def release(self, conn: Conn | None, reuse: bool) -> None:
+        """An exchange is over: keep ``conn`` for the next one or close it."""
+        self.in_use -= 1
+        if conn is not None:
+            if reuse and not self.closed:
+                conn.idle_since = asyncio.get_running_loop().time()
+                self.idle.setdefault(conn.key, []).append(conn)
+                self.idle_count += 1
+                if self._sweeper is None:
+                    self._schedule_sweep()
+            else:
+                conn.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let the longest-waiting request look for room again."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _evict(self) -> None:
+        """Close the longest idle connection (of any upstream) to make room."""
+        _, key = min((conns[0].idle_since, key) for key, conns in self.idle.items() if conns)
+        self.idle[key].pop(0).close()
+        self.idle_count -= 1
+
+    def _schedule_sweep(self) -> None:
+        self._sweeper = asyncio.get_running_loop().call_later(self.keepalive_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle for ``keepalive_s`` or closed by the upstream."""
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for key, conns in list(self.idle.items()):
+            fresh = [c for c in conns if not c.closed and now - c.idle_since < self.keepalive_s]
+            for conn in conns:
+                if conn not in fresh:
+                    conn.close()
+            self.idle_count -= len(conns) - len(fresh)
+            if fresh:
+                self.idle[key] = fresh
+            else:
+                del self.idle[key]
+        if self.idle_count and not self.closed:
+            self._schedule_sweep()
+
+    def close(self) -> None:
+        """Close every idle connection; in-use ones close when their exchange ends."""
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conns in self.idle.values():
+            for conn in conns:
+                conn.close()
+        self.idle.clear()
+        self.idle_count = 0
+
+
+def time_now() -> float:
+    """The running loop's clock."""
+    return asyncio.get_running_loop().time()
+
+
+def _budget(bound: float | None, deadline: float | None) -> float | None:
+    """The smaller of a relative bound and the time left before ``deadline``."""
+    if deadline is None:
+        return bound
+    left = deadline - asyncio.get_running_loop().time()
+    return left if bound is None or left < bound else bound
+
+
+class LeanTransport(AiohttpTransport):
+    """``AiohttpTransport`` with a lean direct path for plain-http upstreams (``send_lean``)."""
+
+    def __init__(self, **settings: Any) -> None:
+        """``AiohttpTransport``'s settings (its limits bound both pools)."""
+        super().__init__(**settings)
+        self._pool = _Pool(self.max_connections, self.keepalive_s)
+
+    def send_lean(
+        self,
+        method: str,
+        upstream: Upstream,
+        target: bytes,
+        headers: RawHeaders,
+        body: bytes,
+        limits: ClientTimeout,
+    ) -> Awaitable[DirectResponse] | None:
+        """The exchange for an http upstream, or None when the aiohttp path must carry it."""
+        if upstream.scheme != "http":
+            return None
+        head = request_head(method, upstream, target, headers)
+        if head is None:
+            return None
+        return self._exchange(method == "HEAD", upstream, head, body, limits)
+
+    async def _exchange(
+        self, head_only: bool, upstream: Upstream, head: bytes, body: bytes, limits: ClientTimeout
+    ) -> DirectResponse:
+        loop = asyncio.get_running_loop()
+        deadline = None if limits.total is None else loop.time() + limits.total
+        if self._pool.closed:
+            self._pool = _Pool(self.max_connections, self.keepalive_s)
+        conn = self._pool.take((upstream.host, upstream.port))  # the common case: no await
+        if conn is None:
+            conn = await self._pool.acquire(upstream.host, upstream.port, limits, deadline)
+        response = LeanResponse(
+            conn, head_only, self.max_field_size, deadline, limits.sock_read, self.max_headers
+        )
+        transport = conn.transport
+        assert transport is not None
+        if len(body) > _JOIN_BODY_BYTES:
+            transport.write(head)
+            transport.write(body)
+        else:
+            transport.write(head + body if body else head)
+        try:
+            await response.head
+        except BaseException:
+            response.abort()  # cancelled or failed before the head: never reused
+            raise
+        return response
+
+    async def aclose(self) -> None:
+        """Close the lean pool's idle connections, then the aiohttp session."""
+        self._pool.close()
+        await super().aclose()
+
+
+__all__ = ["LeanTransport", "request_head"]

@@ -1,0 +1,351 @@
+"""One upstream HTTP/1.1 connection of the lean transport: an asyncio protocol and its exchange.
+
+``Conn`` is the ``asyncio.Protocol`` of one pooled connection; it hands every
+read to the exchange in progress (``LeanResponse``), which parses it with a
+fresh ``httptools.HttpResponseParser`` and is also what the proxy reads: the
+response head (``status_code``, ``raw_headers``) and its body stream
+(``arrived``, ``async for``, ``aclose``), the API of ``AiohttpResponseStream``.
+
+Framing (llhttp decodes, the proxy re-frames): Content-Length, chunked (the
+chunks' payload only; trailers dropped, as aiohttp does), close-delimited
+bodies (complete at EOF; the connection is not reused), no body for HEAD and
+204/304, 1xx interim responses skipped, ``101`` unasked is a protocol error,
+as is a status outside 100-599 (llhttp takes ``099`` as interim and would wait),
+as is a head with more than ``max_headers`` fields (counted as they are parsed:
+no list of 60,000 fields is built; the proxy checks the head's rules again).
+Header names and values are passed on as sent (order, repeats, case), values
+without trailing whitespace, as aiohttp's ``raw_headers``.
+
+The connection goes back to the pool only once the response was read to its
+end off the socket and the upstream allows keep-alive (never after HEAD or a
+close-delimited body, nor when more bytes followed the response); anything
+else closes it. Failures are httpx's errors, as ``map_error`` gives them for
+aiohttp: EOF before the head or mid-body and malformed or oversized responses
+-> ``RemoteProtocolError``, a reset -> ``ReadError``, timeouts ->
+``ReadTimeout``. Timeouts: one lazy timer per exchange for the deadline
+(``total``) and the idle bound between reads (``sock_read``, suspended while
+reading is paused for a slow consumer). Backpressure: reading pauses while
+more than ``HIGH_WATER_BYTES`` wait for the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import cast
+
+import httpx
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+
+from ballast_asgi.proxy.transports.direct import DirectResponse
+
+#: Body bytes buffered for a slow consumer before the socket is no longer read.
+HIGH_WATER_BYTES = 128 * 1024
+#: Bytes received before the final response head, as a multiple of ``max_field_size``.
+HEAD_FIELDS = 4
+_OWS = (32, 9)  # space, tab
+
+Release = Callable[["Conn", bool], None]
+
+
+class Conn(asyncio.Protocol):
+    """One upstream connection; at most one exchange at a time."""
+
+    __slots__ = ("closed", "exchange", "idle_since", "key", "paused", "release", "transport")
+
+    def __init__(self, key: tuple[str, int], release: Release) -> None:
+        self.key = key
+        self.release = release
+        self.transport: asyncio.Transport | None = None
+        self.exchange: LeanResponse | None = None
+        self.closed = False
+        self.paused = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:  # bytes nobody asked for: the connection is unusable
+            self.close()
+            return
+        exchange.feed(data)
+
+    def eof_received(self) -> bool | None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.lost(None)
+        return None  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.lost(exc)
+
+    def pause(self, on: bool) -> None:
+        """Stop (``on``) or resume reading the socket."""
+        if self.paused != on and self.transport is not None and not self.closed:
+            self.paused = on
+            if on:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class LeanResponse(DirectResponse):
+    """One exchange on a ``Conn``: parser callbacks, the head future and the body buffer."""
+
+    __slots__ = (
+        "_bad", "_chunks", "_complete", "_conn", "_deadline", "_error", "_fields", "_final",
+        "_head_only", "_idle", "_keep", "_last", "_limit", "_loop", "_max_headers", "_parser",
+        "_pending",
+        "_read", "_released", "_size", "_timer", "_waiter", "head",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        conn: Conn,
+        head_only: bool,
+        limit: int,
+        deadline: float | None,
+        idle: float | None,
+        max_headers: int = 100,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.status_code = 0
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self._conn, self._loop, self._head_only, self._limit = conn, loop, head_only, limit
+        self._max_headers = max_headers
+        self.head: asyncio.Future[None] = loop.create_future()
+        #: Dropped with the connection (it holds our callbacks: no cycle left for the GC).
+        self._parser: HttpResponseParser | None = HttpResponseParser(self)
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._size = self._pending = 0
+        self._final = self._complete = self._keep = self._read = self._released = False
+        self._bad: httpx.TransportError | None = None
+        self._error: httpx.TransportError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline, self._idle = deadline, idle
+        self._last = loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        if self._deadline is not None or self._idle is not None:
+            self._timer = loop.call_at(self._next_check(), self._on_timer)
+        conn.exchange = self
+
+    #: llhttp refuses control characters in header values (the proxy need not look).
+    values_checked = True
+
+    @property
+    def stream(self) -> LeanResponse:  # type: ignore[override]  # itself, with no self-reference
+        """The body stream: this object."""
+        return self
+
+    # -- parser callbacks (never raise: failures are recorded and acted on in ``feed``) --
+    def on_message_begin(self) -> None:
+        if self._final:  # a second response after ours: do not reuse this connection
+            self._keep = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._final:
+            return  # trailers (or a response nobody asked for)
+        if len(name) + len(value) > self._limit:
+            self._bad = httpx.RemoteProtocolError(f"upstream header field over {self._limit} bytes")
+        if len(self._fields) >= self._max_headers:  # no list of 60,000 fields is built
+            self._bad = httpx.RemoteProtocolError(
+                f"upstream sent more than {self._max_headers} header fields"
+            )
+            return
+        if value and value[-1] in _OWS:
+            value = value.rstrip(b" \t")
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self._final:
+            return  # a response after ours changes nothing of ours
+        assert self._parser is not None
+        status = self._parser.get_status_code()
+        if not 100 <= status <= 599:  # llhttp takes any 3 digits; 099 is not interim
+            self._bad = httpx.RemoteProtocolError(f"upstream sent status {status}")
+        if status < 200 or self._bad is not None:
+            self._fields = []  # 1xx interim response: skipped (101 raises in feed)
+            return
+        self._final = True
+        self.status_code = status
+        self.raw_headers = self._fields
+        if self._head_only:
+            self._complete = True  # HEAD: no body whatever the head says; not reused
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self._complete:
+            return
+        self._chunks.append(body)
+        self._size += len(body)
+        self._wake()
+        if self._size > HIGH_WATER_BYTES:
+            self._conn.pause(True)
+
+    def on_message_complete(self) -> None:
+        if self._final and not self._complete:
+            self._complete = True
+            assert self._parser is not None
+            self._keep = self._parser.should_keep_alive()
+            self._wake()
+
+    # -- events from the connection ------------------------------------------
+    def feed(self, data: bytes) -> None:
+        """Parse one read; fail, finish or keep waiting."""
+        if self._idle is not None:
+            self._last = self._loop.time()
+        parser = self._parser
+        if parser is None:
+            return
+        try:
+            parser.feed_data(data)
+        except HttpParserUpgrade:
+            self._fail(httpx.RemoteProtocolError("upstream switched protocols unasked"))
+            return
+        except HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed upstream response: {exc}"))
+            return
+        if self._bad is not None:
+            self._fail(self._bad)
+        elif self._complete:
+            self._drop(self._keep)
+        elif not self._final:
+            self._pending += len(data)
+            if self._pending > HEAD_FIELDS * self._limit:
+                self._fail(httpx.RemoteProtocolError("upstream response head too large"))
+
+    def lost(self, exc: Exception | None) -> None:
+        """EOF (``exc`` None) or a broken connection."""
+        if self._complete:
+            self._drop(False)
+        elif exc is not None:
+            self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
+        elif not self._final:
+            self._fail(httpx.RemoteProtocolError("upstream closed the connection before the head"))
+        elif self._close_delimited():
+            self._complete = True
+            self._wake()
+            self._drop(False)
+        else:
+            self._fail(httpx.RemoteProtocolError("upstream closed the connection mid-body"))
+
+    def _close_delimited(self) -> bool:
+        for name, value in self.raw_headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                return False
+            if lower == b"transfer-encoding" and value.lower().endswith(b"chunked"):
+                return False
+        return True
+
+    def _fail(self, error: httpx.TransportError) -> None:
+        if self._complete:  # garbage after a complete response: just not reusable
+            self._drop(False)
+            return
+        if self._error is None:
+            self._error = error
+            if not self.head.done():
+                self.head.set_exception(error)
+            self._wake()
+        self._drop(False)
+
+    def _drop(self, reuse: bool) -> None:
+        """Hand the connection back (reused or closed), once."""
+        if self._released:
+            return
+        self._released = True
+        self._parser = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn = self._conn
+        conn.exchange = None
+        if conn.paused:
+            conn.pause(False)
+        conn.release(conn, reuse and not conn.closed)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- timeouts -------------------------------------------------------------
+    def _next_check(self) -> float:
+        idle, deadline = self._idle, self._deadline
+        if idle is None:
+            assert deadline is not None
+            return deadline
+        due = self._last + idle
+        return due if deadline is None or due < deadline else deadline
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._released:
+            return
+        now = self._loop.time()
+        if self._deadline is not None and now >= self._deadline:
+            self._fail(httpx.ReadTimeout("upstream did not finish before the deadline"))
+        elif self._idle is not None and not self._conn.paused and now - self._last >= self._idle:
+            self._fail(httpx.ReadTimeout(f"no data from upstream for {self._idle:g} s"))
+        else:
+            if self._conn.paused:
+                self._last = now  # a paused read is the consumer's wait, not the upstream's
+            self._timer = self._loop.call_at(self._next_check(), self._on_timer)
+
+    # -- what the proxy reads -------------------------------------------------
+    def arrived(self, length: int) -> bytes | None:
+        """The whole body if all ``length`` bytes are already in, else None (taken once)."""
+        if self._read or not self._complete or self._size != length:
+            return None
+        self._read = True
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._read = True
+        while True:
+            chunks = self._chunks
+            if chunks:
+                self._chunks, self._size = [], 0
+                if not self._released:  # once released the connection is someone else's
+                    self._conn.pause(False)
+                yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            elif self._error is not None:
+                raise self._error
+            elif self._complete:
+                return
+            else:
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+
+    async def aclose(self) -> None:
+        """Close the connection unless the response was read to its end (then it is pooled)."""
+        self.abort()
+
+    def abort(self) -> None:
+        """Close the connection when the response is not complete (idempotent)."""
+        if not self._released:
+            self._conn.close()
+            self._drop(False)
+
+
+__all__ = ["HIGH_WATER_BYTES", "Conn", "LeanResponse"]

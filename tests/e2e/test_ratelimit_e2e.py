@@ -182,7 +182,8 @@ def test_killing_redis_degrades_to_local_decisions(
         after, worst = _drive(bases, 60)
         snaps = [httpx.get(b + "/_ballast/snapshot").json()["rate_limit"] for b in bases]
     assert set(before + after) <= {200, 429} and worst < 0.5
-    degraded = sum(s["decisions"].get("allowed/degraded", 0) for s in snaps)
+    # Decided locally once Redis is gone: allowed or denied (how many of each is timing).
+    degraded = sum(n for s in snaps for k, n in s["decisions"].items() if k.endswith("/degraded"))
     assert degraded >= 1 and after.count(429) >= 1
 
 

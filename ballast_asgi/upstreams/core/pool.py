@@ -32,14 +32,17 @@ State changes are reported through the injected ``notify`` (the gateway
 passes ``ballast_asgi.telemetry.events.emit``): an instance ejected or restored, failing
 or passing its probes, every instance failing its probes, panic mode entered
 or left. The pool stays pure: it only calls the hook.
+
+The policy value (``PoolPolicy``), what counts as a gateway failure and the
+``Notify`` hook's type and an instance's ``/snapshot`` entry are in
+``pool_policy.py`` (importable from here too).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.limiter import Limiter
@@ -50,39 +53,16 @@ from ballast_asgi.core.outcome import (
     limiter_signal,
 )
 from ballast_asgi.upstreams.core.balancer import SCORES, SmoothRoundRobin, p2c
-from ballast_asgi.upstreams.core.health import HealthPolicy
 from ballast_asgi.upstreams.core.instance import Instance, InstanceSpec, Lease
-from ballast_asgi.upstreams.core.outlier import OutlierDetector, OutlierPolicy
-
-#: Outcomes that count as a gateway failure for the consecutive rule.
-_GATEWAY_FAILURES = frozenset(
-    {AttemptOutcome.CONNECT_ERROR, AttemptOutcome.PROTOCOL_ERROR, AttemptOutcome.TIMEOUT}
+from ballast_asgi.upstreams.core.outlier import OutlierDetector
+from ballast_asgi.upstreams.core.pool_policy import (
+    GATEWAY_STATUSES,
+    Notify,
+    PoolPolicy,
+    describe_instance,
+    is_gateway_failure,
+    silent,
 )
-GATEWAY_STATUSES = frozenset({502, 503, 504})
-#: ``notify(event, level, key=..., **fields)``: one state change (``events.emit``'s shape).
-Notify = Callable[..., object]
-
-
-def _silent(*_: object, **__: object) -> None:
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class PoolPolicy:
-    """How the pool balances and when it panics."""
-
-    balancer: Literal["p2c", "round_robin"] = "p2c"
-    scoring: Literal["least_outstanding", "peak_ewma"] = "least_outstanding"
-    panic_threshold: float = 0.5
-    outlier: OutlierPolicy = field(default_factory=OutlierPolicy)
-    health: HealthPolicy = field(default_factory=HealthPolicy)
-
-
-def is_gateway_failure(outcome: AttemptOutcome, status: int | None) -> bool:
-    """Connect error, reset, timeout, or a 502/503/504 (not a plain 500)."""
-    if outcome is AttemptOutcome.STATUS_5XX:
-        return status is None or status in GATEWAY_STATUSES
-    return outcome in _GATEWAY_FAILURES
 
 
 class Pool:
@@ -96,7 +76,7 @@ class Pool:
         make_breaker: Callable[[], Breaker],
         policy: PoolPolicy | None = None,
         rng: random.Random | None = None,
-        notify: Notify = _silent,
+        notify: Notify = silent,
     ) -> None:
         if not specs:
             raise ValueError("a pool needs at least one instance")
@@ -311,27 +291,7 @@ class Pool:
     def snapshot(self, now: float) -> list[dict[str, Any]]:
         """One JSON-safe entry per instance (for ``/snapshot``'s ``upstreams``)."""
         _, panic = self.eligible(now)
-        return [_describe(i, now, panic) for i in self.instances]
+        return [describe_instance(i, now, panic) for i in self.instances]
 
 
-def _describe(inst: Instance, now: float, panic: bool) -> dict[str, Any]:
-    ejected = inst.outlier.ejected(now)
-    rate = inst.outlier.success_rate(now)
-    return {
-        "url": inst.key,
-        "weight": inst.weight,
-        "healthy": inst.health.healthy,
-        "ejected": ejected,
-        "ejected_until_s": round(inst.outlier.ejected_until - now, 3) if ejected else None,
-        "ejections": inst.outlier.ejections,
-        "routable": inst.routable(now),
-        "panic": panic,
-        "in_flight": inst.outstanding,
-        "limit": inst.limiter.limit,
-        "success_rate": None if rate is None else round(rate, 4),
-        "requests": inst.requests,
-        "failures": inst.failures,
-        "breaker": inst.breaker.state(now).value,
-        "rtt_ewma_ms": round(inst.rtt_ewma_s * 1000.0, 3),
-        "probe_error": inst.health.last_error,
-    }
+__all__ = ["GATEWAY_STATUSES", "Notify", "Pool", "PoolPolicy", "is_gateway_failure"]

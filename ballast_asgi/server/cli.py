@@ -18,7 +18,8 @@ timeout and a connection cap.
 ``ballast check-config FILE [--connect]`` validates a config file exactly as
 start-up would (``ballast_asgi.server.check``) and exits non-zero on error;
 ``ballast register`` / ``ballast controller`` are discovery's commands
-(docs/discovery.md); ``ballast --version`` prints the version.
+(docs/discovery.md); ``ballast --version`` prints the version. The options and
+the config overrides they make are in ``args.py``.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from typing import Any
 
 import uvicorn
 
-from ballast_asgi import __version__
-from ballast_asgi.config import LIMITER_NAMES, load_config
+from ballast_asgi.config import load_config
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.gateway import Gateway, build_gateway, warn_header_trust
+from ballast_asgi.server.args import check_parser, config_overrides, traffic_parser
 from ballast_asgi.server.check import check
 from ballast_asgi.server.check import connect as connect_all
 from ballast_asgi.server.serve import QuietServer, uvicorn_settings
@@ -46,86 +47,6 @@ from ballast_asgi.server.supervisor import run_workers, share_path
 from ballast_asgi.server.workers import scale_config
 from ballast_asgi.telemetry.events import FORMATS
 from ballast_asgi.telemetry.events import configure as configure_events
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ballast",
-        description="Overload-control gateway: serves --port, proxies to --upstream.",
-        epilog="commands:\n"
-        "  ballast check-config FILE [--connect]   validate a config as start-up would "
-        "(--connect: try upstreams, Redis, etcd)\n"
-        "  ballast register --etcd URL --service NAME --url URL [--ttl S]   register an "
-        "instance in etcd (docs/discovery.md)\n"
-        "  ballast controller --etcd URL --service NAME   run the discovery controller alone\n"
-        "  ballast COMMAND --help                   that command's options",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"ballast {__version__}")
-    p.add_argument("--upstream", help="upstream base URL (overrides BALLAST_UPSTREAM)")
-    p.add_argument("--limiter", choices=LIMITER_NAMES, help="limit algorithm (default gradient)")
-    p.add_argument("--fixed-limit", type=int, help="limit of the fixed limiter")
-    p.add_argument("--config", help="YAML config file (overrides BALLAST_CONFIG)")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8080, help="traffic port (default 8080)")
-    p.add_argument(
-        "--admin-port", type=_port, default=8081, help="admin port, 0 to disable (default 8081)"
-    )
-    p.add_argument("--ssl-certfile", help="PEM certificate: serve https (server.ssl_certfile)")
-    p.add_argument("--ssl-keyfile", help="PEM private key of --ssl-certfile (server.ssl_keyfile)")
-    p.add_argument(
-        "--workers", type=int, default=1,
-        help="processes sharing the port; every cap is divided between them (default 1)",
-    )  # fmt: skip
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
-    p.add_argument(
-        "--log-format", choices=FORMATS, default=None,
-        help="operator events (docs/operations.md): text or json lines on stderr "
-        "(default BALLAST_LOG_FORMAT, else text)",
-    )  # fmt: skip
-    p.add_argument("--access-log", action="store_true", help="log every request (slow)")
-    return p
-
-
-def _check_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ballast check-config",
-        description="Validate a ballast YAML config file without starting anything. "
-        "Exit code 0 when valid, 2 otherwise (the error names the key and the allowed values).",
-    )
-    p.add_argument("file", help="the YAML config file")
-    p.add_argument(
-        "--connect", action="store_true",
-        help="also try every upstream (TCP/TLS), Redis (PING) and etcd the config names",
-    )  # fmt: skip
-    p.add_argument("--timeout", type=float, default=2.0, help="per dependency (default 2 s)")
-    return p
-
-
-def _port(text: str) -> int:
-    """A TCP port for argparse: an integer in 0..65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in 0..65535, got {text!r}") from None
-    if not 0 <= port <= 65_535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
-    return port
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if args.upstream:
-        out["upstream"] = args.upstream
-    if args.limiter:
-        out["limiter.algorithm"] = args.limiter
-    if args.fixed_limit is not None:
-        out["limiter.fixed_limit"] = args.fixed_limit
-    if args.ssl_certfile:
-        out["server.ssl_certfile"] = args.ssl_certfile
-    if args.ssl_keyfile:
-        out["server.ssl_keyfile"] = args.ssl_keyfile
-    return out
 
 
 def check_config(path: str, connect: bool = False, timeout_s: float = 2.0) -> int:
@@ -235,9 +156,11 @@ async def drain(gateway: Gateway, servers: Sequence[uvicorn.Server]) -> None:
 
 
 def _start(args: argparse.Namespace) -> tuple[Gateway, socket.socket, socket.socket | None]:
-    config = load_config(path=args.config, overrides=_overrides(args))
+    config = load_config(path=args.config, overrides=config_overrides(args))
     gateway = build_gateway(
-        scale_config(config, args.workers), config_path=args.config, overrides=_overrides(args)
+        scale_config(config, args.workers),
+        config_path=args.config,
+        overrides=config_overrides(args),
     )
     gateway.set_worker(0, args.workers)
     traffic = bind(args.host, args.port, "traffic port")
@@ -284,7 +207,9 @@ def _workers(
         # parent's gateway would give every worker the same random generators (the same
         # p2c draws, jitter and canary split) and the same rate-limit heartbeat id, so
         # Redis would count N workers as one live gateway.
-        gateway = build_gateway(first.config, config_path=args.config, overrides=_overrides(args))
+        gateway = build_gateway(
+            first.config, config_path=args.config, overrides=config_overrides(args)
+        )
         redivide = first.config.workers.redivide_on_loss
         gateway.set_worker(index, args.workers, share_path(worker_admin) if redivide else None)
         _run(serve_gateway(gateway, traffic, worker_admin, **kw))
@@ -297,13 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ballast`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check-config"]:
-        checked = _check_parser().parse_args(argv[1:])
+        checked = check_parser().parse_args(argv[1:])
         return check_config(checked.file, checked.connect, checked.timeout)
     if argv[:1] in (["register"], ["controller"]):  # discovery (docs/discovery.md)
         from ballast_asgi.discovery.cli import main as discovery_main
 
         return discovery_main(argv)
-    args = _parser().parse_args(argv)
+    args = traffic_parser().parse_args(argv)
     try:
         _configure_events(args)
         gateway, traffic, admin = _start(args)

@@ -30,6 +30,7 @@
 
 Counters are plain integers in the per-host state; the Prometheus collector
 (``client.metrics``) reads them at scrape time, so a call pays no metric cost.
+Steps 1 and 2 (the plan, the refusal) are ``client/plan.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -53,33 +53,18 @@ from ballast_asgi.client.core.policy import (
     may_retry,
     retry_after_s,
 )
-from ballast_asgi.client.errors import DeadlineExceeded, Throttled
-from ballast_asgi.client.headers import cut_timeouts, host_key, lenient_priority, tier_value
+from ballast_asgi.client.errors import DeadlineExceeded
+from ballast_asgi.client.headers import cut_timeouts, host_key
+from ballast_asgi.client.plan import DEADLINE_HEADER, CallPlan, make_plan, refuse, spent
 from ballast_asgi.client.stream import BoundedStream
-from ballast_asgi.core.deadline import parse_budget_ms
-from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import AttemptOutcome
-from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Clock
 from ballast_asgi.middleware.context import RequestContext, current_context
 
 Sleep = Callable[[float], Awaitable[None]]
 ContextSource = Callable[[], RequestContext | None]
 
-_DEADLINE = "x-deadline-ms"
-_PRIORITY = "x-priority"
 _REASON = "x-ballast-reason"
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One call's budget and tier, fixed before its first attempt."""
-
-    deadline: float | None
-    tier: Priority
-    caller_deadline: bool
-    #: The admitted request whose deadline this call spends (None: not its deadline).
-    owner: RequestContext | None
 
 
 class BallastTransport(httpx.AsyncBaseTransport):
@@ -114,17 +99,17 @@ class BallastTransport(httpx.AsyncBaseTransport):
         key = host_key(request.url)
         host = self.hosts.get(key)
         now = self.clock()
-        plan = self._plan(request, now)
+        plan = make_plan(request, self._context(), self.config, now)
         replayable = isinstance(request.stream, httpx.ByteStream)
         last: httpx.Response | None = None
         error: Exception | None = None
         verdict = Verdict.OK
         attempt = 0
         while True:
-            refusal = self._refusal(request, host, key, plan, self.clock())
+            refusal = refuse(request, host, key, plan, self.clock(), self.config, self.rng)
             if refusal is not None:
                 if attempt == 0:
-                    raise _spent(plan, refusal)
+                    raise spent(plan, refusal)
                 break
             if attempt == 0:  # only a sent original earns retry budget
                 host.budget.record_original(self.clock())
@@ -139,12 +124,12 @@ class BallastTransport(httpx.AsyncBaseTransport):
                 break
             await self._backoff(delay, last)
         if error is not None:
-            raise _spent(plan, error)
+            raise spent(plan, error)
         assert last is not None  # an attempt ran: it answered or raised
         self._late_failure(plan, verdict)
         return last
 
-    def _late_failure(self, plan: _Plan, verdict: Verdict) -> None:
+    def _late_failure(self, plan: CallPlan, verdict: Verdict) -> None:
         """A failed answer with the request's budget spent: record the deadline miss."""
         owner, deadline = plan.owner, plan.deadline
         if owner is None or deadline is None or verdict is Verdict.OK:
@@ -152,78 +137,14 @@ class BallastTransport(httpx.AsyncBaseTransport):
         if deadline - self.clock() < self.config.min_budget_s:
             owner.record(AttemptOutcome.DEADLINE)
 
-    def _plan(self, request: httpx.Request, now: float) -> _Plan:
-        ctx = self._context()
-        deadline, caller = self._deadline(request, ctx, now)
-        raw_tier = request.headers.get(_PRIORITY)
-        if raw_tier is not None:
-            tier = lenient_priority(raw_tier)
-        elif ctx is not None:
-            request.headers[_PRIORITY] = tier_value(ctx)
-            tier = ctx.priority
-        elif self.config.default_priority is not None:
-            tier = self.config.default_priority
-            request.headers[_PRIORITY] = tier.label
-        else:
-            tier = Priority.STANDARD
-        owner = ctx if ctx is not None and ctx.deadline is not None and not caller else None
-        return _Plan(deadline, tier, caller, owner)
-
-    def _deadline(
-        self, request: httpx.Request, ctx: RequestContext | None, now: float
-    ) -> tuple[float | None, bool]:
-        raw = request.headers.get(_DEADLINE)
-        if raw is not None:
-            try:
-                return now + parse_budget_ms(raw.encode("latin-1")) / 1000.0, True
-            except (HeaderError, UnicodeEncodeError):
-                pass  # forwarded as the caller wrote it; the budget comes from below
-        if ctx is not None and ctx.deadline is not None:
-            return now + (ctx.deadline - ctx.clock()), raw is not None
-        if self.config.default_deadline_ms is not None:
-            return now + self.config.default_deadline_ms / 1000.0, raw is not None
-        return None, raw is not None
-
-    def _refusal(
-        self, request: httpx.Request, host: HostState, key: str, plan: _Plan, now: float
-    ) -> Exception | None:
-        """Why this attempt must not be sent, or None."""
-        if plan.deadline is not None:
-            left = plan.deadline - now
-            if left < self.config.min_budget_s or (
-                self.config.latency_guard and host.latency_s is not None and left < host.latency_s
-            ):
-                host.counts.no_budget += 1
-                return DeadlineExceeded(
-                    f"not sent to {key}: {max(0.0, left) * 1000:.1f} ms of budget left "
-                    f"(floor {self.config.min_budget_ms:g} ms, recent latency "
-                    f"{(host.latency_s or 0.0) * 1000:.1f} ms)",
-                    request=request, host=key, remaining_ms=left * 1000.0, sent=False,
-                )  # fmt: skip
-        wait = host.blocked_s(now, plan.tier)
-        if wait > 0.0:
-            host.counts.backed_off += 1
-            return Throttled(
-                f"not sent to {key}: it shed a {plan.tier.label} call; Retry-After {wait:.1f} s",
-                request=request, host=key, reason="retry_after", retry_after_s=wait,
-            )  # fmt: skip
-        if not host.throttle.admit(now, self.rng):
-            host.counts.throttled += 1
-            p = host.throttle.reject_probability(now)
-            return Throttled(
-                f"not sent to {key}: adaptive throttle (reject probability {p:.2f})",
-                request=request, host=key, reason="throttled", retry_after_s=0.0,
-            )  # fmt: skip
-        return None
-
     async def _attempt(
-        self, request: httpx.Request, host: HostState, plan: _Plan, attempt: int
+        self, request: httpx.Request, host: HostState, plan: CallPlan, attempt: int
     ) -> tuple[httpx.Response | None, Exception | None, Verdict]:
         started = self.clock()
         left = None if plan.deadline is None else plan.deadline - started
         if left is not None:
             if not (plan.caller_deadline and attempt == 0):
-                request.headers[_DEADLINE] = str(max(0, int(left * 1000.0)))
+                request.headers[DEADLINE_HEADER] = str(max(0, int(left * 1000.0)))
             request.extensions["timeout"] = cut_timeouts(request.extensions.get("timeout"), left)
         host.counts.sent += 1
         try:
@@ -253,7 +174,7 @@ class BallastTransport(httpx.AsyncBaseTransport):
         return response, None, self._judge(response, host, plan, self.clock() - started)
 
     def _judge(
-        self, response: httpx.Response, host: HostState, plan: _Plan, rtt_s: float
+        self, response: httpx.Response, host: HostState, plan: CallPlan, rtt_s: float
     ) -> Verdict:
         reason = response.headers.get(_REASON)
         verdict = classify_status(response.status_code, reason is not None)
@@ -270,7 +191,7 @@ class BallastTransport(httpx.AsyncBaseTransport):
             host.counts.failed += 1
         return verdict
 
-    def _retry(self, host: HostState, plan: _Plan, attempt: int) -> float | None:
+    def _retry(self, host: HostState, plan: CallPlan, attempt: int) -> float | None:
         """The backoff before retry ``attempt`` (budget taken), or None: no retry."""
         cfg = self.config
         if attempt >= cfg.max_attempts:
@@ -309,15 +230,3 @@ class BallastTransport(httpx.AsyncBaseTransport):
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """JSON-safe state: totals, per-label counters and the held hosts' state."""
         return self.hosts.snapshot(self.clock() if now is None else now)
-
-
-def _spent(plan: _Plan, exc: Exception) -> Exception:
-    """``exc``; a DeadlineExceeded on the admitted request's own deadline is recorded on it.
-
-    The request's outcome becomes ``DEADLINE`` (the first record wins): its
-    deadline ran out, which the limiter counts as congestion and the breaker
-    as neutral, whatever status the handler answers with afterwards.
-    """
-    if plan.owner is not None and isinstance(exc, DeadlineExceeded):
-        plan.owner.record(AttemptOutcome.DEADLINE)
-    return exc

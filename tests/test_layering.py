@@ -80,7 +80,7 @@ LONG_TODAY = {
     *("core.breaker", "core.limit.gradient"),
     *("core.limiter", "gateway.root", "gateway.stack", "proxy.app"),
     *("proxy.transports.aiohttp_transport", "proxy.transports.lean_wire", "proxy.websocket"),
-    *("proxy.ws_relay", "ratelimit.shared", "server.serve"),
+    *("ratelimit.shared", "server.serve"),
 }
 
 

@@ -36,16 +36,15 @@ aborted, as nginx drops it at once). Every bounded wait uses
 ``asyncio.timeout``: Python 3.11's ``wait_for`` can lose a cancellation that
 arrives as the awaited call finishes, and a relay task that missed its
 cancellation would hold the connection's slot. Whatever way it ends, every
-reserved byte is given back.
+reserved byte is given back. The pieces a relay is built of (the bytes held,
+a direction's pipe, the close values, ``sendable``) are ``ws_pipes.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
@@ -54,102 +53,20 @@ from websockets.exceptions import ConnectionClosed
 from ballast_asgi.core.capacity import ByteBudget
 from ballast_asgi.core.types import Clock, Receive, Send
 from ballast_asgi.core.websocket import Pace, RelayLimits
+from ballast_asgi.proxy.ws_pipes import (
+    ABORT,
+    Close,
+    Data,
+    End,
+    Held,
+    Pipe,
+    message_size,
+    sendable,
+)
 
-__all__ = ["Relay", "sendable"]
+__all__ = ["ABORT", "Relay", "sendable"]
 
-#: Close codes an endpoint may not put in a close frame.
-_UNSENDABLE = frozenset({1004, 1005, 1006, 1015})
 Sleep = Callable[[float], Awaitable[Any]]
-Data = str | bytes
-
-
-def sendable(code: int, *, vanished: int) -> int:
-    """A close code that may go in a close frame (1005 -> 1000; 1006/1015 -> ``vanished``)."""
-    if code == 1005:
-        return 1000
-    if code in _UNSENDABLE or not (1000 <= code <= 1014 or 3000 <= code <= 4999):
-        return vanished
-    return code
-
-
-@dataclass(frozen=True, slots=True)
-class _Close:
-    """A side closed: what the other side should get once the pending messages are out."""
-
-    code: int
-    reason: str
-
-
-#: The upstream's connection is dropped without a closing handshake.
-ABORT = _Close(0, "abort")
-
-
-@dataclass(frozen=True, slots=True)
-class _End:
-    """How the relay ended: its label and the close each side still gets (None: nothing)."""
-
-    label: str
-    client: _Close | None
-    upstream: _Close | None
-
-
-class _Held:
-    """The bytes one connection holds, against ``buffer_bytes`` and the shared budgets."""
-
-    def __init__(self, limit: int, budgets: tuple[ByteBudget, ...]) -> None:
-        self.limit = limit
-        self.budgets = budgets
-        self.used = 0
-        self.room = asyncio.Event()
-        self.room.set()
-
-    def reserve(self, n: int) -> bool:
-        """Count ``n`` more bytes; False (nothing counted) when a shared budget is full."""
-        for i, budget in enumerate(self.budgets):
-            if not budget.try_reserve(n):
-                for taken in self.budgets[:i]:
-                    taken.release(n)
-                return False
-        self.used += n
-        if self.used >= self.limit:
-            self.room.clear()
-        return True
-
-    def release(self, n: int) -> None:
-        """Give back ``n`` bytes a writer handed on."""
-        n = min(n, self.used)
-        self.used -= n
-        for budget in self.budgets:
-            budget.release(n)
-        if self.used < self.limit:
-            self.room.set()
-
-    def release_all(self) -> None:
-        """Give back everything still held (the relay ended)."""
-        self.release(self.used)
-
-
-class _Pipe:
-    """One direction's pending messages (and, last, the close that ends it)."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque[Data | _Close] = collections.deque()
-        self.ready = asyncio.Event()
-
-    def put(self, item: Data | _Close) -> None:
-        self.items.append(item)
-        self.ready.set()
-
-    async def get(self) -> Data | _Close:
-        while not self.items:
-            self.ready.clear()
-            await self.ready.wait()
-        return self.items.popleft()
-
-
-def _size(data: Data) -> int:
-    """Bytes counted for a message (characters for text: no encoding on the hot path)."""
-    return len(data)
 
 
 class Relay:
@@ -170,11 +87,11 @@ class Relay:
         self.limits = limits
         self.clock = clock
         self.sleep = sleep
-        self.held = _Held(limits.buffer_bytes, budgets)
+        self.held = Held(limits.buffer_bytes, budgets)
         self.last_activity = clock()
-        self._done: asyncio.Future[_End] = asyncio.get_running_loop().create_future()
-        self._to_upstream = _Pipe()
-        self._to_client = _Pipe()
+        self._done: asyncio.Future[End] = asyncio.get_running_loop().create_future()
+        self._to_upstream = Pipe()
+        self._to_client = Pipe()
         self._flush_by: float | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -201,9 +118,9 @@ class Relay:
             if not finished and self.upstream.transport is not None:
                 self.upstream.transport.abort()  # cancelled from outside (server shutdown)
 
-    def _end(self, label: str, client: _Close | None, upstream: _Close | None) -> None:
+    def _end(self, label: str, client: Close | None, upstream: Close | None) -> None:
         if not self._done.done():
-            self._done.set_result(_End(label, client, upstream))
+            self._done.set_result(End(label, client, upstream))
 
     async def _stop(self, *names: str) -> None:
         """Cancel the named tasks and wait for them (never the caller's own task)."""
@@ -213,7 +130,7 @@ class Relay:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _closing(self, pipe: _Pipe, close: _Close) -> None:
+    def _closing(self, pipe: Pipe, close: Close) -> None:
         """A side closed: the other direction delivers what is pending, then ``close``."""
         self._flush_by = self.clock() + self.limits.send_timeout_s
         pipe.put(close)
@@ -227,12 +144,12 @@ class Relay:
 
     async def _read(self, data: Data, pace: Pace) -> bool:
         """Count and pace one message read; False when the relay must end instead."""
-        n = _size(data)
+        n = message_size(data)
         if n > self.limits.max_message_bytes:
-            self._end("too_big", _Close(1009, "message too big"), _Close(1001, ""))
+            self._end("too_big", Close(1009, "message too big"), Close(1001, ""))
             return False
         if not self.held.reserve(n):
-            self._end("buffer_full", _Close(1013, "try again later"), _Close(1001, ""))
+            self._end("buffer_full", Close(1013, "try again later"), Close(1001, ""))
             return False
         now = self.clock()
         self.last_activity = now
@@ -250,7 +167,7 @@ class Relay:
             if message["type"] == "websocket.disconnect":
                 code = sendable(message.get("code", 1005), vanished=1001)
                 await self._stop("upstream_reader", "client_writer")  # nobody to deliver to
-                self._closing(self._to_upstream, _Close(code, message.get("reason") or ""))
+                self._closing(self._to_upstream, Close(code, message.get("reason") or ""))
                 return
             if message["type"] != "websocket.receive":
                 continue
@@ -263,18 +180,18 @@ class Relay:
     async def _upstream_writer(self) -> None:
         while True:
             item = await self._to_upstream.get()
-            if isinstance(item, _Close):
+            if isinstance(item, Close):
                 self._end("client_closed", None, item)
                 return
             try:
                 async with asyncio.timeout(self._timeout()):
                     await self.upstream.send(item)
             except TimeoutError:
-                self._end("upstream_send_timeout", _Close(1011, "upstream timeout"), ABORT)
+                self._end("upstream_send_timeout", Close(1011, "upstream timeout"), ABORT)
                 return
             except ConnectionClosed:
                 return  # the upstream reader sees the close and ends the relay
-            self.held.release(_size(item))
+            self.held.release(message_size(item))
 
     async def _upstream_reader(self) -> None:
         limits = self.limits
@@ -287,7 +204,7 @@ class Relay:
             except ConnectionClosed:
                 code = sendable(upstream.close_code or 1006, vanished=1011)
                 await self._stop("client_reader", "upstream_writer")
-                self._closing(self._to_client, _Close(code, upstream.close_reason or ""))
+                self._closing(self._to_client, Close(code, upstream.close_reason or ""))
                 return
             if not await self._read(data, pace):
                 return
@@ -296,7 +213,7 @@ class Relay:
     async def _client_writer(self) -> None:
         while True:
             item = await self._to_client.get()
-            if isinstance(item, _Close):
+            if isinstance(item, Close):
                 self._end("upstream_closed", item, None)
                 return
             key = "text" if isinstance(item, str) else "bytes"
@@ -304,23 +221,23 @@ class Relay:
                 async with asyncio.timeout(self._timeout()):
                     await self.send({"type": "websocket.send", key: item})
             except TimeoutError:
-                self._end("client_send_timeout", None, _Close(1001, ""))
+                self._end("client_send_timeout", None, Close(1001, ""))
                 return
             except OSError:  # uvicorn's ClientDisconnected: the client is gone
-                self._end("client_closed", None, _Close(1001, ""))
+                self._end("client_closed", None, Close(1001, ""))
                 return
-            self.held.release(_size(item))
+            self.held.release(message_size(item))
 
     async def _idle(self) -> None:
         idle_s = self.limits.idle_timeout_s
         while True:
             left = self.last_activity + idle_s - self.clock()
             if left <= 0:
-                self._end("idle", _Close(1001, "idle timeout"), _Close(1001, "idle timeout"))
+                self._end("idle", Close(1001, "idle timeout"), Close(1001, "idle timeout"))
                 return
             await self.sleep(left)
 
-    async def _finish(self, end: _End) -> None:
+    async def _finish(self, end: End) -> None:
         """Send the end's closes (the client's bounded by ``send_timeout_ms``, the upstream's
         closing handshake by ``close_timeout_ms``, then its connection is aborted)."""
         timeout = self.limits.send_timeout_s

@@ -79,7 +79,7 @@ MAX_LINES = 320
 LONG_TODAY = {
     *("core.breaker", "core.limit.gradient"),
     *("core.limiter", "gateway.root", "gateway.stack", "proxy.app"),
-    *("proxy.transports.aiohttp_transport", "proxy.transports.lean_wire", "proxy.websocket"),
+    *("proxy.transports.aiohttp_transport", "proxy.transports.lean_wire"),
     *("ratelimit.shared", "server.serve"),
 }
 

@@ -34,13 +34,13 @@ shed and the upgrade goes on (without a slot). Refusals use the ASGI
 implementations have it) so the client sees that real response; a server
 without it gets ``websocket.close`` before the accept (uvicorn: 403).
 
-Then ``proxy/ws_relay.py`` relays frames until either side closes or a limit
-ends the connection (idle, send timeouts, message size, buffered bytes).
+Step 5 is ``proxy/ws_upstream.py``. Then ``proxy/ws_relay.py`` relays frames
+until either side closes or a limit ends the connection (idle, send timeouts,
+message size, buffered bytes).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -49,8 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.protocol import State
 
 from ballast_asgi.config.models import WebSocketConfig
@@ -62,10 +60,7 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.head import HeadLimits, read_head
 from ballast_asgi.core.outcome import (
-    DEFAULT_FAILURE_STATUSES,
-    AttemptOutcome,
     ShedReason,
-    status_outcome,
 )
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed
@@ -73,9 +68,10 @@ from ballast_asgi.core.types import Clock, Message, Receive, Scope, Send
 from ballast_asgi.core.websocket import RelayLimits
 from ballast_asgi.middleware.ratelimit import rate_limit_headers, rate_limit_shed
 from ballast_asgi.middleware.responses import ShedResponder
-from ballast_asgi.proxy.headers import origin_form, raw_target, request_headers
+from ballast_asgi.proxy.headers import origin_form
 from ballast_asgi.proxy.upstream import Selector
 from ballast_asgi.proxy.ws_relay import Relay
+from ballast_asgi.proxy.ws_upstream import Refused, open_upstream
 from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 from ballast_asgi.telemetry.metrics import Metrics
 
@@ -86,15 +82,6 @@ __all__ = ["WebSocketProxy", "relay_limits"]
 _UPGRADE_HEAD = HeadLimits()
 log = logging.getLogger("ballast.websocket")
 _DENIAL = "websocket.http.response"
-#: Frames the upstream client buffers as they arrive (websockets' high-water mark; its
-#: default is 16): the relay reads them on, counted, as fast as the client takes them.
-_UPSTREAM_MAX_QUEUE = 2
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, payload: dict[str, object], reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.payload, self.reason = status, payload, reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +179,7 @@ class WebSocketProxy:
         client = client_ip(scope)
         try:
             admitted = await self._admit(scope, client)
-        except _Refused as refusal:
+        except Refused as refusal:
             await self._refuse(scope, send, refusal)
             return
         except _Shed as shed:
@@ -200,20 +187,20 @@ class WebSocketProxy:
             return
         try:
             await self._serve(scope, receive, send, admitted)
-        except _Refused as refusal:
+        except Refused as refusal:
             await self._refuse(scope, send, refusal)
         finally:
             if admitted.held:
                 self.cap.release(client)
 
     async def _admit(self, scope: Scope, client: str | None) -> _Admitted:
-        """An admitted upgrade; ``_Refused`` (an error answer) or ``_Shed`` (a shed) otherwise."""
+        """An admitted upgrade; ``Refused`` (an error answer) or ``_Shed`` (a shed) otherwise."""
         if not self.config.enabled:
             log.warning("websocket upgrade refused (websocket.enabled is false): %s", scope["path"])
-            raise _Refused(403, {"error": "websockets_disabled"}, "disabled")
+            raise Refused(403, {"error": "websockets_disabled"}, "disabled")
         if not origin_form(scope):
             payload: dict[str, object] = {"error": "bad_request", "message": "bad target"}
-            raise _Refused(400, payload, "bad_request")
+            raise Refused(400, payload, "bad_request")
         priority, deadline = self._classify(scope)
         if deadline is not None and deadline <= self.clock():
             self._shed_or_count(Shed(ShedReason.DEADLINE, priority), "deadline")
@@ -236,7 +223,7 @@ class WebSocketProxy:
             return priority, absolute_deadline(raw, self.clock(), None)
         except HeaderError as exc:
             bad = {"error": "bad_request", "message": str(exc), "header": exc.header}
-            raise _Refused(400, dict(bad), "bad_request") from None
+            raise Refused(400, dict(bad), "bad_request") from None
 
     async def _rate_limit(self, scope: Scope, priority: Priority) -> list[tuple[bytes, bytes]]:
         """Spend from the upgrade's rate-limit bucket, as an HTTP GET would; the
@@ -261,7 +248,9 @@ class WebSocketProxy:
         raise _Shed(shed, label)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, admitted: _Admitted) -> None:
-        upstream = await self._open(scope, admitted.deadline)
+        upstream = await open_upstream(
+            scope, admitted.deadline, self.selector, self.config, self.clock
+        )
         label = "error"
         try:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol,
@@ -276,70 +265,7 @@ class WebSocketProxy:
             if upstream.state is not State.CLOSED and upstream.transport is not None:
                 upstream.transport.abort()
 
-    async def _open(self, scope: Scope, deadline: float | None) -> ClientConnection:
-        """The upstream connection; the handshake's outcome is reported to the selector.
-
-        The attempt ends at the handshake, as an HTTP attempt ends at its
-        response head: a pooled instance's permit and outlier statistics cover
-        the upgrade, not the minutes the connection may then live.
-        """
-        target = self.selector.choose(None)
-        url = target.url(raw_target(scope)).copy_with(
-            scheme="wss" if target.scheme == "https" else "ws"
-        )
-        start = self.clock()
-        timeout = self.config.open_timeout_ms / 1000.0
-        by_deadline = deadline is not None and deadline - start < timeout
-        if deadline is not None:
-            timeout = max(0.001, min(timeout, deadline - start))
-        outcome = AttemptOutcome.GATEWAY_ERROR
-        try:
-            async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancellation
-                connection: ClientConnection = await self._connect(str(url), scope)
-            outcome = AttemptOutcome.SUCCESS
-            return connection
-        except TimeoutError:
-            outcome = AttemptOutcome.DEADLINE if by_deadline else AttemptOutcome.TIMEOUT
-            raise _Refused(504, {"error": "gateway_timeout"}, "upstream_timeout") from None
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            outcome = status_outcome(status, DEFAULT_FAILURE_STATUSES)
-            raise _Refused(status, {"error": "upstream_refused"}, "upstream_refused") from None
-        except OSError:
-            outcome = AttemptOutcome.CONNECT_ERROR
-            raise _Refused(502, {"error": "bad_gateway"}, "upstream_error") from None
-        except WebSocketException:
-            outcome = AttemptOutcome.PROTOCOL_ERROR
-            raise _Refused(502, {"error": "bad_gateway"}, "upstream_error") from None
-        except asyncio.CancelledError:
-            outcome = AttemptOutcome.CLIENT_GONE
-            raise
-        finally:
-            now = self.clock()
-            self.selector.report(target, outcome, now - start, now)
-
-    def _connect(self, url: str, scope: Scope) -> Any:
-        secure = scope.get("scheme") == "wss"
-        http_scope = {**scope, "scheme": "https" if secure else "http"}
-        headers = [
-            (n.decode("latin-1"), v.decode("latin-1"))
-            for n, v in request_headers(http_scope, False)
-            if not n.startswith(b"sec-websocket-")
-        ]
-        return connect(
-            url,
-            additional_headers=headers,
-            subprotocols=scope.get("subprotocols") or None,
-            compression=None,
-            user_agent_header=None,
-            proxy=None,
-            open_timeout=None,
-            max_size=self.config.max_message_bytes,
-            max_queue=_UPSTREAM_MAX_QUEUE,
-            close_timeout=self.config.close_timeout_ms / 1000.0,
-        )
-
-    async def _refuse(self, scope: Scope, send: Send, refusal: _Refused) -> None:
+    async def _refuse(self, scope: Scope, send: Send, refusal: Refused) -> None:
         self.refused.labels(refusal.reason).inc()
         if _DENIAL not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})

@@ -80,7 +80,7 @@ LONG_TODAY = {
     *("core.breaker", "core.limit.gradient"),
     *("core.limiter", "gateway.root", "gateway.stack", "proxy.app"),
     *("proxy.transports.aiohttp_transport", "proxy.transports.lean_wire"),
-    *("ratelimit.shared", "server.serve"),
+    "server.serve",
 }
 
 

@@ -1,17 +1,14 @@
-"""What the three Redis-backed modes share: calls under a deadline, the breaker,
-the fallback share, charge-back and the heartbeats that count live gateways.
+"""What the three Redis-backed modes share: the fallback share, charge-back and
+the heartbeats that count live gateways (calls under a deadline and the breaker
+are the base class, ``redis_calls.RedisCalls``; ``Missed`` and
+``BACKGROUND_TIMEOUT_S`` are importable from here too).
 
-A call on the request path gets ``timeout_s`` (``redis_timeout_ms``). The call
-is not cancelled when it misses that deadline (cancelling a redis-py call
-throws its connection away): the request is decided on this gateway's share
-at once, the call finishes in the background, and ``on_late`` reconciles its
-answer with what was decided. A miss and an error both count as failures for
-the breaker. While the breaker is open no call is made at all. Once a call
-has ended in an error (Redis refused or reset the connection) Redis is
-``failing``: until a call succeeds again, request-path calls still go out
-(one of them finds Redis back) but no request waits for one; a stopped Redis
-costs a busy gateway no event-loop turns per request before the breaker
-opens.
+A request-path call that misses its deadline, or that finds Redis ``failing``,
+is decided on this gateway's share at once (``degrade``); the call finishes in
+the background and ``on_late`` reconciles its answer with what was decided. A
+stopped Redis costs a busy gateway no event-loop turns per request before the
+breaker opens. What was admitted alone is charged to the shared buckets once
+Redis answers again (``flush_charges``).
 
 The fallback share is ``limit / live gateways`` (``Limits.scaled``; ``redis``
 mode splits it by demand instead, ``redis_mode.py``), the live count learned
@@ -33,33 +30,23 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import Clock
-from ballast_asgi.ratelimit.client import RedisClient, RedisPoolFull, RedisUnavailable
+from ballast_asgi.ratelimit.client import RedisClient, RedisUnavailable
 from ballast_asgi.ratelimit.core.accounting import ChargeBook
-from ballast_asgi.ratelimit.core.breaker import Breaker, RedisBreaker
+from ballast_asgi.ratelimit.core.breaker import Breaker
 from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.local import LocalBuckets
-from ballast_asgi.ratelimit.stats import RateLimitStats
-from ballast_asgi.telemetry.events import emit
+from ballast_asgi.ratelimit.redis_calls import BACKGROUND_TIMEOUT_S, Missed, RedisCalls
 
-#: Background calls (heartbeat, sync, give-back, charge-back) may take this long.
-BACKGROUND_TIMEOUT_S = 0.5
 #: A gateway counts as live for three heartbeat periods, and at least this long.
 MIN_LIVE_TTL_S = 3.0
 
 
-class Missed(Exception):
-    """A request-path call did not answer within its deadline (or failed)."""
-
-
-class SharedBase:
+class SharedBase(RedisCalls):
     """Base of the ``redis``, ``lease`` and ``sync`` drivers."""
-
-    mode = "shared"
 
     def __init__(
         self,
@@ -73,27 +60,13 @@ class SharedBase:
         charge_back: bool = True,
         clock: Clock = time.monotonic,
     ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.timeout_s = timeout_s
-        self.breaker: Breaker = breaker if breaker is not None else RedisBreaker()
+        super().__init__(client, prefix=prefix, timeout_s=timeout_s, breaker=breaker, clock=clock)
         self.heartbeat_s = heartbeat_s
         self.charge_back = charge_back
-        self.clock = clock
         self.id = uuid.uuid4().hex[:12]
-        self.stats = RateLimitStats()
         self.fallback = LocalBuckets(max_keys)
         self.charges = ChargeBook(max_keys)
-        self.live = 1
-        #: Redis's last finished call ended in an error (refused, reset): until one succeeds,
-        #: no request waits for Redis.
-        self.failing = False
-        #: Whether Redis answered the last call that said anything (None: no answer yet);
-        #: its changes are the ``ratelimit.redis_*`` events (docs/operations.md).
-        self.reachable: bool | None = None
-        self._lost_at = 0.0
         self._last_beat = -math.inf
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._flushing = False
         self._closed = False
@@ -126,12 +99,6 @@ class SharedBase:
     def start_loops(self) -> None:
         """Mode-specific background loops (none by default)."""
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` in the background, keeping a reference until it ends."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _every(self, period_s: float, step: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         while not self._closed:
             with contextlib.suppress(RedisUnavailable, Missed):
@@ -148,141 +115,12 @@ class SharedBase:
             await asyncio.wait_for(self.client.run("leave", [self.key("gw")], [self.id]), 0.2)
         await self.client.close()
 
-    # -- calls --------------------------------------------------------------
-    def key(self, *parts: str) -> str:
-        """A namespaced Redis key (``{prefix}`` hash-tagged for a cluster)."""
-        return ":".join(("{" + self.prefix + "}", *parts))
-
-    async def call(
-        self,
-        op: str,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        *,
-        timeout_s: float | None = None,
-        on_late: Callable[[Any], None] | None = None,
-        request_path: bool = True,
-    ) -> Any:
-        """One script call under the breaker and a deadline; raise ``Missed`` when it fails.
-
-        On the request path, while Redis is ``failing`` (its last call ended in an error),
-        the call still goes out (it finds out when Redis is back, and the breaker counts
-        it) but nobody waits for it: ``Missed`` at once, the answer goes to ``on_late``.
-        """
-        now = self.clock()
-        if not self.breaker.allow(now):
-            raise Missed("breaker open")
-        task = asyncio.get_running_loop().create_task(self._timed(op, keys, args))
-        if self.failing and request_path:
-            self._adopt(op, task, on_late, record=True)
-            raise Missed("failing")
-        done, _ = await asyncio.wait((task,), timeout=timeout_s or self.timeout_s)
-        if not done:
-            self.breaker.record(False, self.clock())
-            self._adopt(op, task, on_late, record=False)
-            raise Missed("deadline")
-        exc = task.exception()
-        self._outcome(exc, record=True)
-        if exc is not None:
-            raise Missed(str(exc)) from exc
-        return task.result()
-
-    def _outcome(self, exc: BaseException | None, *, record: bool) -> None:
-        """A call ended (``exc`` None: it succeeded): tell the breaker (unless a missed
-        deadline already did), track ``failing``, and flush pending charge-back once Redis
-        answers again. Only an error from Redis makes it ``failing``: a full connection
-        pool is this process's saturation and a background deadline a slow answer; both
-        count for the breaker (when recorded) but do not stop requests from waiting."""
-        ok = exc is None
-        if record:
-            self.breaker.record(ok, self.clock())
-        if ok:
-            self.failing = False
-            self._reachability(True, None)
-        elif isinstance(exc, RedisUnavailable) and not isinstance(exc, RedisPoolFull):
-            self.failing = True
-            self._reachability(False, exc)
-        if ok and len(self.charges) and not self._flushing and not self._closed:
+    # -- degraded decisions and charge-back -----------------------------------
+    def answered(self) -> None:
+        """Redis answers again: charge what was admitted alone meanwhile."""
+        if len(self.charges) and not self._flushing and not self._closed:
             self.spawn(self.flush_charges())
 
-    def _reachability(self, ok: bool, exc: BaseException | None) -> None:
-        """Log Redis unreachable at start-up, lost, and back (state changes only)."""
-        if ok == self.reachable:
-            return
-        was, self.reachable = self.reachable, ok
-        url, now = redact_userinfo(self.client.url), self.clock()
-        if ok:
-            if was is False:
-                emit("ratelimit.redis_back", "info", mode=self.mode, redis=url,
-                     down_s=round(now - self._lost_at, 3))  # fmt: skip
-            return
-        self._lost_at = now
-        event = "ratelimit.redis_unreachable" if was is None else "ratelimit.redis_lost"
-        emit(event, "error" if was is None else "warning", mode=self.mode, redis=url,
-             error=str(exc), fallback=f"local share 1/{self.live}")  # fmt: skip
-
-    def lost_reasons(self) -> list[str]:
-        """Why the limit is not shared now (health ``degraded``): Redis not answering."""
-        if self.reachable is False:
-            url = redact_userinfo(self.client.url)
-            return [f"rate_limit: Redis {url} unreachable; deciding on the local share"]
-        return []
-
-    def _adopt(
-        self,
-        op: str,
-        task: asyncio.Task[Any],
-        on_late: Callable[[Any], None] | None,
-        *,
-        record: bool,
-    ) -> None:
-        """Keep a call nobody waits for; when it ends, count it and hand its answer on."""
-
-        def done(task: asyncio.Task[Any]) -> None:
-            self._tasks.discard(task)
-            self.stats.redis_calls[(op, "late")] += 1
-            if task.cancelled():
-                return
-            exc = task.exception()
-            self._outcome(exc, record=record)
-            if on_late is not None:
-                on_late(None if exc is not None else task.result())
-
-        self._tasks.add(task)
-        task.add_done_callback(done)
-
-    async def _timed(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        start = time.perf_counter()
-        try:
-            result = await self.client.run(op, keys, args)
-        except RedisUnavailable:
-            self.stats.call(op, "error", None)
-            raise
-        self.stats.call(op, "ok", time.perf_counter() - start)
-        return result
-
-    async def background(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """A call off the request path (longer deadline, still under the breaker)."""
-        return await self.call(op, keys, args, timeout_s=BACKGROUND_TIMEOUT_S, request_path=False)
-
-    async def bookkeeping(self, op: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """A heartbeat or a give-back: outside the breaker, bounded by the background deadline.
-
-        The breaker protects the request path. These calls are few (a couple a second)
-        and must not be dropped while it is open: a heartbeat that does not land for
-        three periods drops this gateway from its peers' live count (each of them then
-        decides alone on a larger share), and a dropped give-back loses tokens. Their
-        outcome does not move the breaker; it does tell whether Redis is ``failing``.
-        """
-        try:
-            result = await asyncio.wait_for(self._timed(op, keys, args), BACKGROUND_TIMEOUT_S)
-        except (RedisUnavailable, TimeoutError) as exc:
-            self._outcome(exc, record=False)
-            raise Missed(str(exc)) from exc
-        self._outcome(None, record=False)
-        return result
-
-    # -- degraded decisions and charge-back -----------------------------------
     def share(self, key: str, now: float) -> float:
         """This gateway's fraction of ``key``'s limit when it decides alone: 1 / live."""
         return 1.0 / max(1, self.live)
@@ -370,10 +208,6 @@ class SharedBase:
         """Gateways seen by the last heartbeat (1 until the first answer)."""
         return self.live
 
-    def breaker_state(self) -> str:
-        """closed, open or half_open."""
-        return self.breaker.state(self.clock())
-
     def snapshot(self) -> dict[str, Any]:
         """Mode, breaker, live gateways, pending charge-back, fallback table and counts."""
         return {
@@ -396,3 +230,6 @@ def _degraded(decision: Decision, limits: Limits) -> Decision:
         limits,
         degraded=True,
     )
+
+
+__all__ = ["BACKGROUND_TIMEOUT_S", "MIN_LIVE_TTL_S", "Missed", "SharedBase"]

@@ -27,16 +27,11 @@ limiter's own ``rtt_recent_s``/``rtt_min_s`` stay the raw round trip.
 With ``partition`` (a factory of limit algorithms; ADR 0016) the limiter is
 **partitioned by route**: ``try_acquire(now, route)`` admits a request when
 its route's own algorithm has room (and total in-flight is below
-``max_limit``), and each sample goes to its route's algorithm only, so a slow
-or saturated endpoint never spends another endpoint's permits. At most
-``max_partitions`` routes get their own; later ones share ``~other``. With
-``own_routes`` only those routes get their own, the rest share one (``SHARED``).
-``limit`` is then the sum of the partitions' limits. ``partition(quiet)``
-builds a route's algorithm: ``quiet`` is True when the gateway has been
-answering for ``QUIET_AFTER_S`` and no route is at its limit (a new or
-long-idle route then starts at the quiet limit, not at the cold-start one);
-a partition idle (nothing in flight, no sample) for ``partition_idle_s``
-starts over, so an idle route's stale limit is not kept.
+``max_limit``), each sample goes to its route's algorithm only, and ``limit``
+is the sum of the partitions' limits; ``limiter_partitions.py`` says which
+routes get their own, when a new one starts at the quiet limit and when an
+idle one starts over. ``Permit`` is ``limiter_permit.py``, the throughput and
+minimum-RTT windows ``limiter_windows.py`` (every name importable from here).
 ``live_limiters()`` lists limiters alive in the process so a test
 fixture can assert that none is left with permits in flight.
 """
@@ -46,11 +41,20 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections import deque
 from collections.abc import Callable
 
 from ballast_asgi.core.limit.base import LimitAlgorithm, Sample
 from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, OTHER_ROUTE
+from ballast_asgi.core.limiter_partitions import (
+    DEFAULT_PARTITION_IDLE_S,
+    DEFAULT_QUIET_LIMIT,
+    QUIET_AFTER_S,
+    SHARED,
+    Partition,
+    RoutePartitioning,
+)
+from ballast_asgi.core.limiter_permit import Permit
+from ballast_asgi.core.limiter_windows import RateWindow, WindowedMin
 from ballast_asgi.core.outcome import Outcome
 
 _LIVE: weakref.WeakSet[Limiter] = weakref.WeakSet()
@@ -62,119 +66,7 @@ def live_limiters() -> list[Limiter]:
     return list(_LIVE)
 
 
-class Permit:
-    """One unit of concurrency; release it exactly once."""
-
-    __slots__ = (
-        "_limiter",
-        "inflight_at_start",
-        "limit_at_start",
-        "part",
-        "released",
-        "route",
-        "start",
-    )
-
-    def __init__(
-        self, limiter: Limiter, start: float, inflight_at_start: int, limit_at_start: int = 0
-    ) -> None:
-        self._limiter = limiter
-        self.start = start
-        self.inflight_at_start = inflight_at_start
-        #: The limit in force when the permit was granted (0: unknown).
-        self.limit_at_start = limit_at_start
-        self.released = False
-        #: The request's route key, set by the stage that knows it (ADR 0016).
-        self.route = ""
-        #: The route's partition when the limiter is partitioned.
-        self.part: _Partition | None = None
-
-    def release(self, outcome: Outcome, now: float, rtt_s: float | None = None) -> None:
-        """Return the permit; a second call is counted and otherwise ignored.
-
-        ``rtt_s`` is the round trip to sample (the time to the response head of a
-        streamed response); without it, ``now - start``.
-        """
-        if self.released:
-            self._limiter.double_releases += 1
-            return
-        self.released = True
-        self._limiter._release(self, outcome, now, rtt_s)
-
-
-class _RateWindow:
-    """Events per second over the last ``window_s``, in ten buckets."""
-
-    def __init__(self, window_s: float) -> None:
-        self.bucket_s = window_s / 10.0
-        self.window_s = window_s
-        self._buckets: deque[list[int]] = deque()
-        self._first: float | None = None
-
-    def add(self, now: float) -> None:
-        idx = int(now / self.bucket_s)
-        if self._first is None:
-            self._first = now
-        if self._buckets and self._buckets[-1][0] == idx:
-            self._buckets[-1][1] += 1
-        else:
-            self._buckets.append([idx, 1])
-        self._trim(idx)
-
-    def _trim(self, idx: int) -> None:
-        while self._buckets and self._buckets[0][0] <= idx - 10:
-            self._buckets.popleft()
-
-    def rate(self, now: float) -> float:
-        if self._first is None:
-            return 0.0
-        self._trim(int(now / self.bucket_s))
-        span = min(self.window_s, max(now - self._first, self.bucket_s))
-        return sum(count for _, count in self._buckets) / span
-
-
-class _WindowedMin:
-    """Minimum over the last ``window_s``, kept per ``window_s / 10`` bucket."""
-
-    def __init__(self, window_s: float) -> None:
-        self.bucket_s = window_s / 10.0
-        self._buckets: deque[list[float]] = deque()
-
-    def add(self, value: float, now: float) -> None:
-        idx = float(int(now / self.bucket_s))
-        if self._buckets and self._buckets[-1][0] == idx:
-            self._buckets[-1][1] = min(self._buckets[-1][1], value)
-        else:
-            self._buckets.append([idx, value])
-        while self._buckets and self._buckets[0][0] <= idx - 10:
-            self._buckets.popleft()
-
-    def value(self) -> float | None:
-        return min((v for _, v in self._buckets), default=None)
-
-
-#: The partition of the routes without one of their own (``Limiter.own_routes``).
-SHARED = ""
-#: A partitioned limiter counts as quiet only after answering this long.
-QUIET_AFTER_S = 1.0
-#: The initial limit of a route's partition built while the gateway is quiet.
-DEFAULT_QUIET_LIMIT = 64
-#: Default seconds after which an idle partition starts over.
-DEFAULT_PARTITION_IDLE_S = 10.0
-
-
-class _Partition:
-    """One route's algorithm, in-flight count and last use."""
-
-    __slots__ = ("algorithm", "inflight", "used")
-
-    def __init__(self, algorithm: LimitAlgorithm, now: float) -> None:
-        self.algorithm = algorithm
-        self.inflight = 0
-        self.used = now
-
-
-class Limiter:
+class Limiter(RoutePartitioning):
     """Hands out permits against a limit algorithm's current limit."""
 
     def __init__(
@@ -208,15 +100,15 @@ class Limiter:
         self._inflight = 0
         self._on_release: Callable[[float], None] | None = None
         self._notifying = False
-        self._completions = _RateWindow(throughput_window_s)
-        self._rtt_min = _WindowedMin(rtt_min_window_s)
+        self._completions = RateWindow(throughput_window_s)
+        self._rtt_min = WindowedMin(rtt_min_window_s)
         self._alpha = rtt_ewma_alpha
         self._rtt_recent_s: float | None = None
         #: Seconds of the gateway's own event-loop lag right now (None: not measured).
         self.loop_lag = loop_lag
         self._partition = partition
         self.max_partitions = max_partitions
-        self._parts: dict[str, _Partition] = {}
+        self._parts: dict[str, Partition] = {}
         self.partition_idle_s = partition_idle_s
         #: Partitioned: None gives every route its own limit; a set gives one only to
         #: these routes (``routes[].limiter.partition``), the others share ``SHARED``.
@@ -226,11 +118,6 @@ class Limiter:
 
     # -- state ----------------------------------------------------------------
     @property
-    def partitioned(self) -> bool:
-        """True when every route has its own limit (ADR 0016)."""
-        return self._partition is not None
-
-    @property
     def limit(self) -> int:
         """The enforced limit: the algorithm's (partitioned: the sum), capped by ``max_limit``."""
         if self._partition is not None:
@@ -238,41 +125,6 @@ class Limiter:
         else:
             limit = self.algorithm.limit
         return limit if self.max_limit is None else min(limit, self.max_limit)
-
-    def _key(self, route: str) -> str:
-        own = self.own_routes
-        return route if own is None or route in own else SHARED
-
-    def _part(self, route: str, now: float | None = None) -> _Partition:
-        route = self._key(route)
-        part = self._parts.get(route)
-        idle = part is not None and now is not None and now - part.used >= self.partition_idle_s
-        if part is not None and idle and part.inflight == 0:  # idle: its limit is stale
-            del self._parts[route]
-            part = None
-        if part is None:
-            if len(self._parts) >= self.max_partitions - 1 and now is not None:
-                self._evict_idle(now)
-            if len(self._parts) >= self.max_partitions - 1 and route != OTHER_ROUTE:
-                return self._part(OTHER_ROUTE, now)
-            assert self._partition is not None
-            fresh = now if now is not None else -math.inf
-            part = self._parts[route] = _Partition(self._partition(self._quiet(now)), fresh)
-        return part
-
-    def _evict_idle(self, now: float) -> None:
-        """Make room: drop partitions with nothing in flight, unused for ``partition_idle_s``."""
-        idle = [key for key, p in self._parts.items()
-                if p.inflight == 0 and now - p.used >= self.partition_idle_s]  # fmt: skip
-        for key in idle:
-            del self._parts[key]
-
-    def _quiet(self, now: float | None) -> bool:
-        """Answering for a while and no route at its limit: a new route may start high."""
-        first = self._first_sample_at
-        if now is None or first is None or now - first < QUIET_AFTER_S:
-            return False
-        return all(p.inflight < p.algorithm.limit for p in self._parts.values())
 
     @property
     def inflight(self) -> int:
@@ -438,3 +290,14 @@ class Limiter:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+__all__ = [
+    "DEFAULT_PARTITION_IDLE_S",
+    "DEFAULT_QUIET_LIMIT",
+    "QUIET_AFTER_S",
+    "SHARED",
+    "Limiter",
+    "Permit",
+    "live_limiters",
+]

@@ -43,6 +43,15 @@ Parameters are keyword arguments with the defaults below (the new ones as
 module constants). References: Netflix concurrency-limits
 ``GradientLimit``/``Gradient2Limit``, Envoy adaptive concurrency (minRTT
 probes), TCP slow start.
+
+Longer than 320 lines because the controller is one state machine: the window
+rules, slow start, the stuck count and the probes all read and move the same
+limit, floor and window state (a probe saves the limit that its end restores, a
+drop during a probe cuts the saved limit, a window's close starts a probe, a
+sample that started under the probe's limit is kept out of the next window),
+so each rule reads right only beside the others; split by rule, every part
+would need the whole class to be followed. What is apart already is apart: the
+sample and bounds (``base.py``), the per-route floors (``route_floors.py``).
 """
 
 from __future__ import annotations

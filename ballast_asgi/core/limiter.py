@@ -155,6 +155,23 @@ class Limiter(RoutePartitioning):
         return self._completions.rate(now)
 
     # -- permits --------------------------------------------------------------
+    def full(self, now: float, route: str = "") -> bool | None:
+        """Whether ``try_acquire(now, route)`` would refuse (takes and creates nothing);
+        None when it cannot tell without changing the partition table (it is full)."""
+        if self._partition is None:
+            return self._inflight >= self.limit
+        if self.max_limit is not None and self._inflight >= self.max_limit:
+            return True
+        key = self._key(route)
+        part = self._parts.get(key)
+        if part is not None and part.inflight == 0 and now - part.used >= self.partition_idle_s:
+            part = None  # stale: ``_part`` would start a fresh one
+        if part is None:
+            if len(self._parts) >= self.max_partitions - 1 and key != OTHER_ROUTE:
+                return None  # eviction or the overflow entry would decide
+            return False  # a fresh partition has nothing in flight
+        return part.inflight >= part.algorithm.limit
+
     def try_acquire(self, now: float, route: str = "") -> Permit | None:
         """A permit if in-flight is below the limit, else None. Never blocks.
 

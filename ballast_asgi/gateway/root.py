@@ -48,9 +48,11 @@ from ballast_asgi.core.forwarded import (
     rewritten_by_server,
 )
 from ballast_asgi.core.redact import redact_userinfo
-from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.core.shed import Shed, ShedHeaders
+from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.gateway.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.access_log import AccessLog
 from ballast_asgi.ops.admin import AdminRouter, Route
 from ballast_asgi.proxy.app import ProxyApp
@@ -251,6 +253,31 @@ class Gateway:
             self._handle_sighup()
             send = freeze_after_startup(send)
         await self._app(scope, receive, send)
+
+    def shed_at_wire(
+        self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None,
+        root_path: str = "",
+    ) -> tuple[Shed, int, int, ShedHeaders, bytes] | None:  # fmt: skip
+        """A request head the stages would shed now: the shed, counted, and its response
+        (status, Retry-After seconds, headers, body); None: serve it the ordinary way.
+
+        Called by the server protocol (``ballast_asgi/server/wire.py``) before any
+        ASGI work. Only the plain form decides here (the fused pipeline straight
+        behind the admin prefix: no access log, no discovery wrapper); a path under
+        the admin prefix, a peer that is a trusted proxy and a server that may have
+        rewritten the client address go the ordinary way.
+        """
+        stack = self._stack
+        if not isinstance(stack, Pipeline) or self.server_may_rewrite:
+            return None
+        if self.forwarded.networks and self.forwarded.is_trusted(host):
+            return None
+        if not self._router.passes({"path": path, "root_path": root_path}):
+            return None
+        shed = stack.decide_at_wire(method, path, raw_path, headers, host)
+        if shed is None:
+            return None
+        return (shed, *self.parts.responder.response(shed))
 
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""

@@ -239,6 +239,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._message_begins()
+
+    def _message_begins(self) -> None:
+        """A request head began: time it (``ballast_asgi/server/wire.py`` calls this too)."""
         self._in_head = self._began = True
         if self._head_since is None:
             self._head_begins()
@@ -383,13 +387,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
-    """A ``GuardedHttpToolsProtocol`` with the limits of ``server``."""
+def guarded_protocol(server: ServerConfig, *, wire: bool = False) -> type[GuardedHttpToolsProtocol]:
+    """A ``GuardedHttpToolsProtocol`` with the limits of ``server``.
+
+    ``wire`` (the gateway form) with ``server.shed_at_wire`` (default): the
+    ``WireShedProtocol`` subclass, which answers a request the stages would shed
+    from its parsed head (``ballast_asgi/server/wire.py``).
+    """
     attrs = {
         "header_timeout_s": server.header_timeout_ms / 1000.0,
         "max_header_bytes": server.max_header_bytes,
     }
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)
+    base: type[GuardedHttpToolsProtocol] = GuardedHttpToolsProtocol
+    if wire and server.shed_at_wire:
+        from ballast_asgi.server.wire import WireShedProtocol
+
+        base = WireShedProtocol
+    return type(base.__name__, (base,), attrs)
 
 
 def websocket_settings(websocket: WebSocketConfig) -> dict[str, Any]:
@@ -419,7 +433,7 @@ def uvicorn_settings(
     With ``server.ssl_certfile`` uvicorn serves plain TCP and the ``http`` class
     is a ``serve_tls.TlsFront`` doing the handshake under the server's guards.
     """
-    http: type[asyncio.Protocol] = guarded_protocol(server)
+    http: type[asyncio.Protocol] = guarded_protocol(server, wire=True)
     if server.ssl_certfile:
         context = server_ssl_context(server.ssl_certfile, server.ssl_keyfile, http)
         http = tls_front(http, context, server.header_timeout_ms / 1000.0)
@@ -469,7 +483,7 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     if config.access_log and not _access_log_requested():
         _access_log_off(config)
     if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
-        config.http_protocol_class = guarded_protocol(server)
+        config.http_protocol_class = guarded_protocol(server, wire=True)
     if getattr(config, "ssl", None) is not None:  # --ssl-certfile: the handshake under guards
         timeout_s = server.header_timeout_ms / 1000.0
         config.http_protocol_class = tls_front(config.http_protocol_class, config.ssl, timeout_s)

@@ -231,6 +231,9 @@ def test_pipelined_requests_after_a_shed_are_answered_in_order() -> None:
         b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nContent-Length: 10\r\n\r\n0123456789",
         b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n",
+        # Trailers after a chunked body: dropped, never the next request's headers.
+        b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nX-Deadline-Ms: 0\r\nX-Priority: critical\r\n\r\n",
         # A body that looks like a request: never parsed as one (no smuggling).
         b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nContent-Length: %d\r\n\r\n%s"
         % (len(DOA), DOA),
@@ -419,3 +422,27 @@ def test_admin_paths_are_never_decided_at_the_wire() -> None:
     with pair() as (ref, wire):
         request = b"GET /_ballast/health HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n"
         assert same(ref, wire, request, 1).startswith(b"HTTP/1.1 200")
+
+
+def test_a_request_that_is_not_shed_is_read_once() -> None:
+    """The head the wire read (and did not shed) is the one admission uses: one read."""
+    with pair() as (ref, wire):
+        reads = []
+        for side in (ref, wire):
+            stack = side.gateway._stack
+            assert stack is not None
+            admission = stack.stages.admission  # type: ignore[attr-defined]
+            calls: list[int] = []
+            original = admission.read
+
+            def counted(
+                *args: Any, _calls: list[int] = calls, _read: Any = original, **kw: Any
+            ) -> Any:
+                _calls.append(1)
+                return _read(*args, **kw)
+
+            admission.read = counted
+            reads.append(calls)
+        answer = same(ref, wire, PLAIN * 3, 3)
+        assert answer.count(b"HTTP/1.1 200") == 3
+        assert [len(r) for r in reads] == [3, 3]

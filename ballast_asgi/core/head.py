@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ballast_asgi.core.errors import HeaderError
 
@@ -82,9 +83,9 @@ class HeadLimits:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-@dataclass(slots=True, frozen=True)
-class RequestHead:
-    """The request headers the stages act on."""
+class RequestHead(NamedTuple):
+    """The request headers the stages act on (a named tuple: built once per request,
+    about 3x cheaper than a frozen dataclass, and as immutable)."""
 
     #: Declared ``Content-Length`` (None when absent).
     content_length: int | None = None

@@ -256,7 +256,7 @@ class Gateway:
 
     def shed_at_wire(
         self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None,
-        root_path: str = "",
+        root_path: str = "", memo: list[object] | None = None,
     ) -> tuple[Shed, int, int, ShedHeaders, bytes] | None:  # fmt: skip
         """A request head the stages would shed now: the shed, counted, and its response
         (status, Retry-After seconds, headers, body); None: serve it the ordinary way.
@@ -265,7 +265,8 @@ class Gateway:
         ASGI work. Only the plain form decides here (the fused pipeline straight
         behind the admin prefix: no access log, no discovery wrapper); a path under
         the admin prefix, a peer that is a trusted proxy and a server that may have
-        rewritten the client address go the ordinary way.
+        rewritten the client address go the ordinary way. ``memo``: see
+        ``middleware/at_wire.py`` (the head read once for a request that is not shed).
         """
         stack = self._stack
         if not isinstance(stack, Pipeline) or self.server_may_rewrite:
@@ -274,7 +275,7 @@ class Gateway:
             return None
         if not self._router.passes({"path": path, "root_path": root_path}):
             return None
-        shed = stack.decide_at_wire(method, path, raw_path, headers, host)
+        shed = stack.decide_at_wire(method, path, raw_path, headers, host, memo)
         if shed is None:
             return None
         return (shed, *self.parts.responder.response(shed))

@@ -55,6 +55,9 @@ RouteKey = Callable[[Scope], "str | None"]
 Admitted = tuple[RequestContext, Scope, "Shed | None"]
 #: A request read at admission: head, route, tier, X-Priority ignored, absolute deadline.
 Read = tuple[RequestHead, Route, Priority, bool, "float | None"]
+#: Scope key of ``(admission, Read, now)``: the head as the server's shed at the wire read
+#: it (``middleware/at_wire.py``); admission counts it and does not read it again.
+WIRE_READ = "ballast.wire_read"
 
 
 class EarlyDrop(Protocol):
@@ -135,16 +138,23 @@ class AdmissionMiddleware:
         ``Shed`` to answer, decided before the context and the inner scope are
         built (issue 18: a shed builds nothing it does not send). Counts the request.
         """
-        now = self.clock()
-        client = scope.get("client")
-        try:
-            template = None if self.route_key is None else self.route_key(scope)
-            head, route, priority, ignored, deadline = self.read(
-                scope["method"], scope["path"], scope.get("raw_path") or scope["path"],
-                scope["headers"], client[0] if client else None, now, template,
-            )  # fmt: skip
-        except HeaderError as exc:
-            return exc
+        pre = scope.get(WIRE_READ)
+        if pre is not None and pre[0] is self:  # read by the server at the wire, not shed
+            _, (head, route, priority, ignored, deadline), now = pre
+            self.routes.count(route)
+            if ignored:
+                self.metrics.priority_ignored.inc()
+        else:
+            now = self.clock()
+            client = scope.get("client")
+            try:
+                template = None if self.route_key is None else self.route_key(scope)
+                head, route, priority, ignored, deadline = self.read(
+                    scope["method"], scope["path"], scope.get("raw_path") or scope["path"],
+                    scope["headers"], client[0] if client else None, now, template,
+                )  # fmt: skip
+            except HeaderError as exc:
+                return exc
         self.metrics.count_request(priority)
         shed = self.decide(deadline, priority, now)
         if shed is not None and not self.responder.dry_run:

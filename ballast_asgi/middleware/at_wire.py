@@ -60,8 +60,14 @@ def decide(
     raw_path: bytes | str,
     headers: RawHeaders,
     host: str | None,
+    memo: list[object] | None = None,
 ) -> Shed | None:
-    """The ``Shed`` the pipeline would answer now (counted), or None: not decided here."""
+    """The ``Shed`` the pipeline would answer now (counted), or None: not decided here.
+
+    ``memo``: for a request read here and not shed, ``memo[0]`` is set to
+    ``(admission, read, now)``; the server puts it in the request's scope under
+    ``WIRE_READ`` and admission uses it instead of reading the head again.
+    """
     admission = stages.admission
     if admission.responder.dry_run or admission.route_key is not None:
         return None
@@ -79,6 +85,8 @@ def decide(
     if shed is None:
         later = _after_admission(stages, route, priority, head.has_body, host, path, now)
         if later is None:
+            if memo is not None:
+                memo[0] = (admission, (head, route, priority, ignored, deadline), now)
             return None
         shed, commit = later
     admission.count(route, priority, ignored)

@@ -106,11 +106,17 @@ class Pipeline:
             capacity.leave()
 
     def decide_at_wire(
-        self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None
+        self,
+        method: str,
+        path: str,
+        raw_path: bytes,
+        headers: RawHeaders,
+        host: str | None,
+        memo: list[object] | None = None,
     ) -> Shed | None:
         """The shed this pipeline would answer a request head with now (counted as the
         stages count it), or None: the request goes the ordinary way (``at_wire.py``)."""
-        return at_wire.decide(self.stages, method, path, raw_path, headers, host)
+        return at_wire.decide(self.stages, method, path, raw_path, headers, host, memo)
 
 
 __all__ = ["Pipeline", "Stages"]

@@ -43,21 +43,25 @@ names it explicitly (default limits), ``--http httptools`` does not turn it off
 
 from __future__ import annotations
 
+import asyncio
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed, ShedHeaders
-from ballast_asgi.server.serve import GuardedHttpToolsProtocol
+from ballast_asgi.middleware.admission import WIRE_READ
+from ballast_asgi.server.serve import _TIMER_SLACK_S, GuardedHttpToolsProtocol
 
 #: What ``Gateway.shed_at_wire`` returns: the shed, status, Retry-After seconds, headers, body.
 Answer = tuple[Shed, int, int, ShedHeaders, bytes]
-AtWire = Callable[[str, str, bytes, list[tuple[bytes, bytes]], "str | None", str], "Answer | None"]
+AtWire = Callable[
+    [str, str, bytes, list[tuple[bytes, bytes]], "str | None", str, list[object]], "Answer | None"
+]
 
 #: Shed responses kept as bytes (statuses x reasons x tiers x Retry-After x 4 variants; bounded).
 _WIRE_MAX = 4096
@@ -104,15 +108,52 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         self._close_when_read = False
         #: The connection is closing after such an answer: later requests are dropped.
         self._dropping = False
+        #: The head as the decision read it, for a request not shed (``at_wire.decide``).
+        self._memo: list[object] = [None]
+        #: uvicorn's per-request scope is still to be built (only for the ASGI way).
+        self._scope_due = False
+        self._ballast_in_body = False
+        #: Keep-alive after an answer written here: idle since (loop time), and the timer.
+        self._idle_since: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    def on_message_begin(self) -> None:
+        if self._at_wire is None:
+            super().on_message_begin()
+            return
+        # uvicorn's on_message_begin without its scope (built by ``_build_scope`` for a
+        # request that goes the ASGI way); ``_ballast_in_body``: the trailer guard of
+        # ``proxy/server.py`` (fields after the head are not headers).
+        self._ballast_in_body = False
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self._scope_due = True
+        self._message_begins()
+
+    def _build_scope(self) -> None:
+        """uvicorn's per-request scope, for a request that goes the ASGI way."""
+        if not self._scope_due:
+            return
+        self._scope_due = False
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        HttpToolsProtocol.on_message_begin(self)
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
 
     def on_headers_complete(self) -> None:
         at_wire = self._at_wire
         if at_wire is not None:
-            if self._dropping:  # after a closing answer: never answered (as uvicorn does)
-                self._shed_here = True
+            if self._dropping or self._answer_at_wire(at_wire):
+                # Answered (or, after a closing answer, never answered, as uvicorn does):
+                # its body is dropped, a chunked body's trailers are not headers.
+                self._shed_here = self._ballast_in_body = True
                 return
-            if self._answer_at_wire(at_wire):
-                return
+            self._build_scope()
+            memo = self._memo
+            if memo[0] is not None:  # read at the wire and not shed: admission reuses it
+                self.scope[WIRE_READ] = memo[0]  # type: ignore[literal-required]
+                memo[0] = None
         super().on_headers_complete()
 
     def _answer_at_wire(self, at_wire: AtWire) -> bool:
@@ -145,7 +186,7 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         client = self.client
         answer = at_wire(
             method.decode("ascii"), path, raw_path, self.headers, client[0] if client else None,
-            root,
+            root, self._memo,
         )  # fmt: skip
         if answer is None:
             return False
@@ -177,13 +218,40 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         if self._joined is not None:
             self._joined.flush()
         self.transport.write(data)
+        self.server_state.total_requests += 1  # what uvicorn's on_response_complete counts
         if keep_alive:
-            self.on_response_complete()  # uvicorn's: counted, keep-alive timer armed
+            self._idle_from(self.loop.time())
         else:
-            self.server_state.total_requests += 1
             self._close_when_read = self._dropping = True
 
+    def _idle_from(self, now: float) -> None:
+        """uvicorn's keep-alive timeout after a response, from ``now``, lazily: one timer per
+        connection re-armed when it fires early, instead of a ``call_later`` per response
+        and a ``cancel`` at the next byte (``data_received`` only clears ``_idle_since``)."""
+        self._idle_since = now
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(now + self.timeout_keep_alive, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return
+        due = since + self.timeout_keep_alive
+        if self.loop.time() < due - _TIMER_SLACK_S:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._idle_since = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        super().connection_lost(exc)
+
     def data_received(self, data: bytes) -> None:
+        self._idle_since = None
         super().data_received(data)
         if self._close_when_read and self._linger is None:
             # The closing answer's request body is still arriving: close lingering.

@@ -58,6 +58,7 @@ from ballast_asgi.ops.admin import AdminRouter, Route
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.server.serve import adopt_uvicorn, freeze_after_startup
+from ballast_asgi.server.wire import WireShedProtocol
 from ballast_asgi.server.workers import read_live, scale_config
 from ballast_asgi.telemetry.events import emit, events
 from ballast_asgi.telemetry.metrics import Metrics
@@ -344,6 +345,12 @@ class Gateway:
     def server_config(self) -> ServerConfig:
         """The ``server`` section (settings of the HTTP server in front of the gateway)."""
         return self.config.server
+
+    @property
+    def server_protocol(self) -> type[WireShedProtocol] | None:
+        """The server protocol class the gateway form installs: the shed at the wire
+        (``server.shed_at_wire``), or None: the guarded protocol alone."""
+        return WireShedProtocol if self.config.server.shed_at_wire else None
 
     @property
     def websocket_config(self) -> WebSocketConfig:

@@ -46,7 +46,7 @@ COMPONENTS = (
     ("client transport (client/)", ("ballast_asgi/client/",)),
     ("stages (middleware/)", ("ballast_asgi/middleware/",)),
     ("cores (core/)", ("ballast_asgi/core/",)),
-    ("metrics (prometheus_client, metrics.py)", ("prometheus_client/", "ballast_asgi/metrics")),
+    ("metrics (prometheus_client, metrics.py)", ("prometheus_client/", "ballast_asgi/telemetry/")),
     ("gateway, routing, other ballast", ("ballast_asgi/",)),
     ("aiohttp / multidict / yarl", ("aiohttp/", "multidict/", "yarl/")),
     ("event loop (asyncio, uvloop, builtins)", ("asyncio/", "uvloop", "~", "<built-in", "{")),

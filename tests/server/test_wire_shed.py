@@ -9,6 +9,7 @@ bytes and compares the bytes that come back and the gateway's metric deltas.
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.queue import Waiter
 from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.gateway import Gateway
-from ballast_asgi.serve import uvicorn_settings
+from ballast_asgi.server.serve import uvicorn_settings
 from ballast_asgi.server.wire import WireShedProtocol
 from tests.e2e.servers import serving
 
@@ -124,7 +125,11 @@ def pair(**overrides: Any) -> Iterator[tuple[Side, Side]]:
             )
             gateway = CountingGateway(config, env={})
             gateway.server_may_rewrite = False
-            settings = {**uvicorn_settings(config.server, config.websocket), "access_log": False}
+            base = gateway.server_protocol
+            settings = {
+                **uvicorn_settings(config.server, config.websocket, base),
+                "access_log": False,
+            }
             port = stack.enter_context(serving(gateway, **settings))
             sides.append(Side(port, gateway))
         yield sides[0], sides[1]
@@ -167,13 +172,14 @@ def _diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_gateway_form_installs_the_wire_protocol_and_false_turns_it_off() -> None:
-    """``uvicorn_settings`` gives the wire protocol by default, the guarded one when off."""
-    on = load_config(env={"BALLAST_UPSTREAM": "http://u.test"})
-    off = load_config(
-        env={"BALLAST_UPSTREAM": "http://u.test"}, overrides={"server": {"shed_at_wire": False}}
-    )
-    assert issubclass(uvicorn_settings(on.server)["http"], WireShedProtocol)
-    assert not issubclass(uvicorn_settings(off.server)["http"], WireShedProtocol)
+    """The gateway's server protocol is the wire one by default, the guarded one when off."""
+    env = {"BALLAST_UPSTREAM": "http://u.test"}
+    on = Gateway(load_config(env=env), env={})
+    off = Gateway(load_config(env=env, overrides={"server": {"shed_at_wire": False}}), env={})
+    http_on = uvicorn_settings(on.config.server, None, on.server_protocol)["http"]
+    http_off = uvicorn_settings(off.config.server, None, off.server_protocol)["http"]
+    assert issubclass(http_on, WireShedProtocol)
+    assert not issubclass(http_off, WireShedProtocol)
 
 
 @pytest.mark.parametrize(
@@ -446,3 +452,27 @@ def test_a_request_that_is_not_shed_is_read_once() -> None:
         answer = same(ref, wire, PLAIN * 3, 3)
         assert answer.count(b"HTTP/1.1 200") == 3
         assert [len(r) for r in reads] == [3, 3]
+
+
+def test_uvicorn_importing_the_gateway_gets_the_wire_protocol() -> None:
+    """``uvicorn ballast_asgi.gateway:app``: the adopted config's protocol is the wire one."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from ballast_asgi.server.serve import adopt_uvicorn
+
+    for on in (True, False):
+        overrides = {"server": {"shed_at_wire": on}}
+        gateway = Gateway(
+            load_config(env={"BALLAST_UPSTREAM": "http://u.test"}, overrides=overrides), env={}
+        )
+        config = uvicorn.Config(gateway)
+        config.http_protocol_class = HttpToolsProtocol  # what load() sets before importing
+
+        def load(
+            self: uvicorn.Config = config, gateway: Gateway = gateway
+        ) -> bool:  # ``self``: the config
+            return adopt_uvicorn(gateway, sys._getframe())
+
+        assert load()
+        assert issubclass(config.http_protocol_class, WireShedProtocol) is on

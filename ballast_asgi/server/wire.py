@@ -224,6 +224,27 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         else:
             self._close_when_read = self._dropping = True
 
+    def on_response_complete(self) -> None:
+        """uvicorn's (0.55) end of a response, with the lazy keep-alive timer of
+        ``_idle_from`` instead of a ``call_later`` per response (and a ``cancel`` at the
+        next request's first byte): the guarded protocol's flush, the request counted,
+        reading resumed, the next pipelined request started or the connection idle."""
+        if self._at_wire is None:
+            super().on_response_complete()
+            return
+        if self._joined is not None:
+            self._joined.flush()
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_from(self.loop.time())
+
     def _idle_from(self, now: float) -> None:
         """uvicorn's keep-alive timeout after a response, from ``now``, lazily: one timer per
         connection re-armed when it fires early, instead of a ``call_later`` per response

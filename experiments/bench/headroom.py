@@ -83,6 +83,8 @@ ROWS = [
     ("shed", "the gateway shedding a request whose deadline is spent"),
 ]
 WIRE_OFF = "shed-wire-off"
+#: ``--before``: the same two gateway rows from another checkout (e.g. main), same run.
+BEFORE = ("proxied-before", "shed-before")
 _TOTAL = re.compile(rb"(\d+) requests in")
 _NON2XX = re.compile(rb"Non-2xx or 3xx responses:\s+(\d+)")
 _ERRORS = re.compile(rb"Socket errors:.*")
@@ -128,7 +130,22 @@ def start_floor(procs: Procs, cpu: int) -> Target:
     return Target("floor", port, proc.pid)
 
 
-def start_all(procs: Procs) -> tuple[dict[str, Target], str]:
+def start_before(procs: Procs, uvicorn: str, upstream: str) -> Target:
+    """``uvicorn ballast_asgi.gateway:app`` from another installation (its own ``uvicorn``;
+    ``--app-dir`` its checkout: uvicorn puts the app directory, by default the current
+    one, this checkout, first on ``sys.path``)."""
+    root = _root(uvicorn)
+
+    def cmd(port: int, _admin: int) -> list[str]:
+        return [uvicorn, "ballast_asgi.gateway:app", "--app-dir", root, "--host", HOST,
+                "--port", str(port)]  # fmt: skip
+
+    env = {"BALLAST_UPSTREAM": upstream}
+    proc, port, _ = start_on_free_ports(procs, cmd, CPU_PROXY, "gateway-before", env)
+    return Target("gateway-before", port, proc.pid)
+
+
+def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target], str]:
     """Every server of the table (and the wire-off gateway); the backend note."""
     backend, note = start_backend(procs, CPU_LOAD)
     gw = start_uvicorn_gateway(procs, "gateway", backend.base, CPU_PROXY)
@@ -146,6 +163,9 @@ def start_all(procs: Procs) -> tuple[dict[str, Target], str]:
         "shed": gw,
         WIRE_OFF: gw_off,
     }
+    if before:
+        old = start_before(procs, before, backend.base)
+        targets[BEFORE[0]] = targets[BEFORE[1]] = old
     return targets, note
 
 
@@ -173,10 +193,12 @@ def wrk_run(wrk: str, target: Target, conns: int, seconds: float, doomed: bool) 
 
 
 def measure(
-    targets: dict[str, Target], wrk: str, conns: int, seconds: float, reps: int
-) -> list[dict[str, Any]]:
-    """Every row ``reps`` times, alternating, the order rotated each repetition."""
-    keys = [k for k, _ in ROWS] + [WIRE_OFF]
+    targets: dict[str, Target], wrk: str, conns: int, seconds: float, reps: int,
+    only: list[str] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Every row (``only``: these) ``reps`` times, alternating, the order rotated each time."""
+    keys = [k for k, _ in ROWS] + [k for k in (WIRE_OFF, *BEFORE) if k in targets]
+    keys = [k for k in keys if only is None or k in only]
     for key in keys:  # warm-up: connections, imports, first-request paths
         wrk_run(wrk, targets[key], conns, 1.0, key.startswith("shed"))
     runs = []
@@ -195,8 +217,10 @@ def measure(
 def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians (with ranges) per row, the ratios of the medians and the target verdicts."""
     rows: dict[str, Any] = {}
-    for key in [k for k, _ in ROWS] + [WIRE_OFF]:
+    for key in [k for k, _ in ROWS] + [WIRE_OFF, *BEFORE]:
         mine = [r for r in runs if r["row"] == key]
+        if not mine:
+            continue
         rows[key] = {
             "cpu_us": spread([r["cpu_us"] for r in mine]),
             "rps": spread([r["rps"] for r in mine]),
@@ -216,6 +240,10 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
         "proxied_rate_vs_aiohttp": rps("proxied") / rps("aiohttp"),
         "floor_vs_nginx_429": cpu("floor") / cpu("nginx-429"),
     }
+    if BEFORE[0] in rows:
+        ratios["before_proxied_vs_nginx"] = cpu(BEFORE[0]) / cpu("nginx")
+        ratios["before_shed_vs_floor"] = cpu(BEFORE[1]) / cpu("floor")
+        ratios["before_proxied_rate_vs_aiohttp"] = rps(BEFORE[0]) / rps("aiohttp")
     targets = [
         ("CPU per shed <= 1.0x the floor", ratios["shed_vs_floor"] <= 1.0,
          f"{ratios['shed_vs_floor']:.2f}x"),
@@ -271,6 +299,18 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"shed): {cell(off['cpu_us'], 1)} us per shed ({ratios['shed_wire_off_vs_floor']:.2f}x "
         f"the floor), {cell(off['rps'])} sheds/s. uvicorn's floor is "
         f"{ratios['floor_vs_nginx_429']:.1f}x nginx `return 429`.",
+    ]
+    if BEFORE[0] in rows:
+        old_p, old_s = rows[BEFORE[0]], rows[BEFORE[1]]
+        out += [
+            "",
+            f"Before (same run, `{doc.get('before', '?')}`): proxied {cell(old_p['cpu_us'], 1)} "
+            f"us ({ratios['before_proxied_vs_nginx']:.2f}x nginx), {cell(old_p['rps'])}/s "
+            f"({ratios['before_proxied_rate_vs_aiohttp']:.2f}x bare aiohttp); shedding "
+            f"{cell(old_s['cpu_us'], 1)} us ({ratios['before_shed_vs_floor']:.2f}x the floor), "
+            f"{cell(old_s['rps'])}/s.",
+        ]
+    out += [
         "",
         "| target | measured | met |",
         "| --- | --- | --- |",
@@ -295,14 +335,19 @@ def update_docs(doc: dict[str, Any], path: Path) -> None:
     path.write_text(text)
 
 
-def headroom(procs: Procs, seconds: float, reps: int, conns: int) -> dict[str, Any]:
+def headroom(
+    procs: Procs, seconds: float, reps: int, conns: int, before: str | None = None,
+    only: list[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Start the servers, run the alternating measurements, summarize."""
     wrk = ensure_package("wrk", "wrk")
     if wrk is None or find_binary("nginx") is None:
         return {"skipped": "wrk or nginx not installed (make system-deps)"}
     load0 = [round(x, 2) for x in os.getloadavg()]
-    targets, note = start_all(procs)
-    runs = measure(targets, wrk, conns, seconds, reps)
+    targets, note = start_all(procs, before)
+    runs = measure(targets, wrk, conns, seconds, reps, only)
+    if only is not None:  # a partial run: the raw runs only (no table)
+        return {"runs": runs, "only": only}
     rss = {k: status_kb(t.pid, "VmHWM") / 1024 for k, t in targets.items() if t.pid}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()  # fmt: skip
@@ -316,7 +361,28 @@ def headroom(procs: Procs, seconds: float, reps: int, conns: int) -> dict[str, A
         "loadavg": [load0, [round(x, 2) for x in os.getloadavg()]],
         "runs": runs,
         "summary": summarize(runs, rss),
+        "before": _describe(before),
     }
+
+
+def _root(uvicorn: str) -> str:
+    """The checkout ``ballast_asgi`` is imported from by the installation of ``uvicorn``
+    (asked from ``/``, so that no current directory comes first on its path)."""
+    code = "import ballast_asgi, os; print(os.path.dirname(os.path.dirname(ballast_asgi.__file__)))"
+    python = os.path.join(os.path.dirname(uvicorn), "python")
+    where = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                           cwd="/")  # fmt: skip
+    return where.stdout.strip()
+
+
+def _describe(uvicorn: str | None) -> str | None:
+    """``<checkout> at <commit>`` of the installation whose ``uvicorn`` is given."""
+    if uvicorn is None:
+        return None
+    root = _root(uvicorn)
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    return f"{root} at {commit or '?'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conns", type=int, default=16)
     p.add_argument("--docs", action="store_true", help="update the block in docs/bench.md")
     p.add_argument("--out", type=Path, help="raw results (runs/headroom-<time>.json)")
+    p.add_argument("--before", help="also run the gateway rows from this uvicorn (another venv)")
+    p.add_argument("--only", help="comma-separated rows to run (no table): e.g. floor,shed")
     a = p.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
         print("headroom: needs 2 CPUs (server on CPU 1, wrk on CPU 0)", file=sys.stderr)
@@ -337,10 +405,18 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="ballast-headroom-") as tmp,
         processes(Path(tmp)) as procs,
     ):
-        doc = headroom(procs, a.seconds, a.reps, a.conns)
+        only = a.only.split(",") if a.only else None
+        doc = headroom(procs, a.seconds, a.reps, a.conns, a.before, only)
     if "skipped" in doc:
         print(f"headroom: skipped: {doc['skipped']}", file=sys.stderr)
         return 2
+    if "only" in doc:
+        for key in doc["only"]:
+            mine = [r for r in doc["runs"] if r["row"] == key]
+            cpu, rps = spread([r["cpu_us"] for r in mine]), spread([r["rps"] for r in mine])
+            print(f"{key:16s} CPU us/resp median {cpu[0]:.1f} ({cpu[1]:.1f}-{cpu[2]:.1f}), "
+                  f"{rps[0]:,.0f} resp/s")  # fmt: skip
+        return 0
     doc["machine"] = {**machine(), "versions": versions()}
     out = a.out or Path("runs") / time.strftime("headroom-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)

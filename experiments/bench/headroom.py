@@ -224,6 +224,7 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
         rows[key] = {
             "cpu_us": spread([r["cpu_us"] for r in mine]),
             "rps": spread([r["rps"] for r in mine]),
+            "cpu_util": spread([r["cpu_util"] for r in mine]),
             "rss_mb": rss.get(key, float("nan")),
         }
 
@@ -285,12 +286,14 @@ def table(doc: dict[str, Any]) -> list[str]:
         "over the run / responses wrk counted. Load average at start "
         f"{doc['loadavg'][0]}, at the end {doc['loadavg'][1]}.",
         "",
-        "| what | CPU per response (us) | responses/s on one core | peak RSS (MB) |",
-        "| --- | --- | --- | --- |",
+        "| what | CPU per response (us) | responses/s on one core | its CPU busy | "
+        "1 s / CPU per response | peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for key, label in ROWS:
         r = rows[key]
         out.append(f"| {label} | {cell(r['cpu_us'], 1)}{versus(key)} | {cell(r['rps'])} | "
+                   f"{100 * r['cpu_util'][0]:.0f} % | {1e6 / r['cpu_us'][0]:,.0f}/s | "
                    f"{r['rss_mb']:.0f} |")  # fmt: skip
     off = rows[WIRE_OFF]
     out += [
@@ -298,7 +301,9 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"Same run, the gateway shedding with `server.shed_at_wire: false` (the ASGI path's "
         f"shed): {cell(off['cpu_us'], 1)} us per shed ({ratios['shed_wire_off_vs_floor']:.2f}x "
         f"the floor), {cell(off['rps'])} sheds/s. uvicorn's floor is "
-        f"{ratios['floor_vs_nginx_429']:.1f}x nginx `return 429`.",
+        f"{ratios['floor_vs_nginx_429']:.1f}x nginx `return 429`. A server whose CPU was not "
+        "busy all the time was held back by the client (wrk shares CPU 0 with the backend): "
+        "its responses/s is a lower bound, `1 s / CPU per response` what its core would do.",
     ]
     if BEFORE[0] in rows:
         old_p, old_s = rows[BEFORE[0]], rows[BEFORE[1]]

@@ -28,7 +28,7 @@ RPS = {"nginx": 20_000.0, "nginx-429": 60_000.0, "floor": 16_000.0, "aiohttp": 3
 
 
 def _doc() -> dict[str, Any]:
-    runs = [{"row": k, "rep": rep, "cpu_us": CPU[k] + rep, "rps": RPS[k] - rep}
+    runs = [{"row": k, "rep": rep, "cpu_us": CPU[k] + rep, "rps": RPS[k] - rep, "cpu_util": 0.9}
             for rep in range(3) for k in CPU]  # fmt: skip
     return {
         "date": "2026-12-03 12:00 UTC", "commit": "abc1234", "client": "wrk -t1 -c16 on CPU 0",
@@ -50,9 +50,7 @@ def test_ratios_are_of_the_medians_and_verdicts_follow_the_targets() -> None:
 def test_the_table_has_exactly_the_issues_rows_in_order() -> None:
     """Six rows, the issue's labels, each with its CPU, rate and RSS; verdict lines after."""
     lines = table(_doc())
-    start = lines.index(
-        "| what | CPU per response (us) | responses/s on one core | peak RSS (MB) |"
-    )
+    start = next(i for i, line in enumerate(lines) if line.startswith("| what |"))
     rows = lines[start + 2 : start + 2 + len(ROWS)]
     assert [r.split(" | ")[0][2:] for r in rows] == [label for _, label in ROWS]
     assert lines[start + 2 + len(ROWS)] == ""

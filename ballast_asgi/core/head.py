@@ -85,7 +85,7 @@ class HeadLimits:
 
 class RequestHead(NamedTuple):
     """The request headers the stages act on (a named tuple: built once per request,
-    about 3x cheaper than a frozen dataclass, and as immutable)."""
+    half the cost of a frozen dataclass to build, and as immutable)."""
 
     #: Declared ``Content-Length`` (None when absent).
     content_length: int | None = None

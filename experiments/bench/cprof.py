@@ -10,8 +10,9 @@ out), loads it with ``wrk -t1 -c16`` (CPU 0; ``--shed``: every request carries
 the most own time and the own time per component (the file of the function:
 server, event loop, stages, cores, proxy client, metrics), as microseconds per
 response and as shares. cProfile's own overhead inflates every Python call
-(roughly 2x here): read the shares and the ranking, not the absolute numbers;
-the CPU per response without the profiler is the headroom table's.
+(roughly 2x here) and it measures wall time (a loaded machine inflates it more):
+read the shares and the ranking, not the absolute numbers; the CPU per response
+without the profiler is the headroom table's.
 """
 
 from __future__ import annotations
@@ -37,16 +38,13 @@ from experiments.bench.headroom import CPU_LOAD, CPU_PROXY, wrk_run
 #: Own time is attributed to the first component whose marker is in the function's file.
 COMPONENTS = (
     ("server: uvicorn protocol + httptools", ("uvicorn/", "httptools")),
-    (
-        "server: ballast protocol (serve.py, server/)",
-        ("ballast_asgi/serve", "ballast_asgi/server/"),
-    ),
-    ("upstream client: lean transport (proxy/lean*)", ("ballast_asgi/proxy/lean",)),
+    ("server: ballast protocol (server/)", ("ballast_asgi/server/",)),
+    ("upstream client (proxy/transports/)", ("ballast_asgi/proxy/transports/",)),
     ("proxy app (proxy/)", ("ballast_asgi/proxy/",)),
     ("client transport (client/)", ("ballast_asgi/client/",)),
     ("stages (middleware/)", ("ballast_asgi/middleware/",)),
     ("cores (core/)", ("ballast_asgi/core/",)),
-    ("metrics (prometheus_client, metrics.py)", ("prometheus_client/", "ballast_asgi/telemetry/")),
+    ("metrics (prometheus_client, telemetry/)", ("prometheus_client/", "ballast_asgi/telemetry/")),
     ("gateway, routing, other ballast", ("ballast_asgi/",)),
     ("aiohttp / multidict / yarl", ("aiohttp/", "multidict/", "yarl/")),
     ("event loop (asyncio, uvloop, builtins)", ("asyncio/", "uvloop", "~", "<built-in", "{")),

@@ -498,3 +498,66 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_time() -> None:
                     time.sleep(0.3)
                 sock.sendall(PLAIN)
                 assert b"HTTP/1.1 200" in read_responses(sock, 1)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # Expect: 100-continue on a shed with a body: no 100, the shed, the body dropped.
+        b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 3\r\n\r\nabc" + PLAIN,
+        # HEAD with Connection: close; then nothing more is answered.
+        b"HEAD /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nConnection: close\r\n\r\n" + DOA,
+        # HTTP/1.0 shed, then a pipelined request: never answered.
+        b"GET /a HTTP/1.0\r\nX-Deadline-Ms: 0\r\n\r\n" + PLAIN,
+        # A websocket upgrade with a spent deadline: never decided at the wire.
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nConnection: Upgrade\r\n"
+        b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: "
+        b"dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        # An unknown upgrade and a body: the stages' 400 (never switched).
+        b"POST /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nConnection: upgrade\r\n"
+        b"Upgrade: h2c\r\nContent-Length: 2\r\n\r\nhi",
+        # A target with dot segments and an encoded slash, then a huge query.
+        b"GET /a/../b%2Fc?"
+        + b"q" * 8000
+        + b" HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n"
+        + PLAIN,
+        # Deadline with spaces, a negative and a huge value (the stages' 400s, or a shed).
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms:  0 \r\n\r\n",
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: -5\r\n\r\n",
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 99999999999999999999\r\n\r\n",
+        # Two X-Deadline-Ms that disagree, and CONNECT in authority form.
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nX-Deadline-Ms: 5\r\n\r\n",
+        b"CONNECT t:443 HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n",
+    ],
+)
+def test_more_hostile_input_gets_the_same_bytes(data: bytes) -> None:
+    """Whatever the client sends after or around a shed head: the same bytes, then the
+    same close, on both paths."""
+    with pair() as (ref, wire):
+        answers = []
+        for side in (ref, wire):
+            with socket.create_connection(("127.0.0.1", side.port), timeout=5) as sock:
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)  # nothing more will come: read to the end
+                answers.append(read_to_close(sock))
+        assert answers[0] == answers[1]
+        assert answers[0].startswith(b"HTTP/1.1 ")
+
+
+def test_garbage_after_a_shed_in_the_same_read_the_shed_is_answered_first() -> None:
+    """The one difference by design: a well-formed shed head then garbage in one read.
+    uvicorn writes its 400 while parsing, before the first request's task runs, so the
+    ASGI path never answers the first request; the wire answers it, then the 400."""
+    data = DOA + b"\x00\x01 NOT HTTP\r\n\r\n"
+    with pair() as (ref, wire):
+        answers = []
+        for side in (ref, wire):
+            with socket.create_connection(("127.0.0.1", side.port), timeout=5) as sock:
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+                answers.append(read_to_close(sock))
+        bad = answers[0]
+        assert bad.startswith(b"HTTP/1.1 400 ") and bad.count(b"HTTP/1.1") == 1
+        shed = ref.exchange(DOA, 1)
+        assert answers[1] == shed + bad

@@ -83,6 +83,8 @@ ROWS = [
     ("shed", "the gateway shedding a request whose deadline is spent"),
 ]
 WIRE_OFF = "shed-wire-off"
+#: The same floor app under ``uvicorn`` with its defaults (access log, date and server headers).
+FLOOR_DEFAULTS = "floor-defaults"
 #: ``--before``: the same two gateway rows from another checkout (e.g. main), same run.
 BEFORE = ("proxied-before", "shed-before")
 _TOTAL = re.compile(rb"(\d+) requests in")
@@ -117,17 +119,19 @@ def start_nginx_429(procs: Procs, cpu: int) -> Target:
     return Target("nginx-429", port, proc.pid)
 
 
-def start_floor(procs: Procs, cpu: int) -> Target:
-    """uvicorn (uvloop, httptools) serving ``floor_app``."""
+def start_floor(procs: Procs, cpu: int, defaults: bool = False) -> Target:
+    """uvicorn (uvloop, httptools) serving ``floor_app``: no access log, no date or server
+    header (the gateway form's settings); ``defaults``: uvicorn's own defaults."""
     uvicorn = os.path.join(os.path.dirname(sys.executable), "uvicorn")
+    lean = [] if defaults else ["--no-access-log", "--no-server-header", "--no-date-header"]
+    name = FLOOR_DEFAULTS if defaults else "floor"
 
     def cmd(port: int, _admin: int) -> list[str]:
         return [uvicorn, "experiments.bench.headroom:floor_app", "--host", HOST, "--port",
-                str(port), "--no-access-log", "--no-server-header", "--no-date-header",
-                "--log-level", "warning"]  # fmt: skip
+                str(port), *lean]  # fmt: skip
 
-    proc, port, _ = start_on_free_ports(procs, cmd, cpu, "floor")
-    return Target("floor", port, proc.pid)
+    proc, port, _ = start_on_free_ports(procs, cmd, cpu, name)
+    return Target(name, port, proc.pid)
 
 
 def start_before(procs: Procs, uvicorn: str, upstream: str) -> Target:
@@ -162,6 +166,7 @@ def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target
         "proxied": gw,
         "shed": gw,
         WIRE_OFF: gw_off,
+        FLOOR_DEFAULTS: start_floor(procs, CPU_PROXY, defaults=True),
     }
     if before:
         old = start_before(procs, before, backend.base)
@@ -197,7 +202,7 @@ def measure(
     only: list[str] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Every row (``only``: these) ``reps`` times, alternating, the order rotated each time."""
-    keys = [k for k, _ in ROWS] + [k for k in (WIRE_OFF, *BEFORE) if k in targets]
+    keys = [k for k, _ in ROWS] + [k for k in (WIRE_OFF, FLOOR_DEFAULTS, *BEFORE) if k in targets]
     keys = [k for k in keys if only is None or k in only]
     for key in keys:  # warm-up: connections, imports, first-request paths
         wrk_run(wrk, targets[key], conns, 1.0, key.startswith("shed"))
@@ -217,7 +222,7 @@ def measure(
 def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians (with ranges) per row, the ratios of the medians and the target verdicts."""
     rows: dict[str, Any] = {}
-    for key in [k for k, _ in ROWS] + [WIRE_OFF, *BEFORE]:
+    for key in [k for k, _ in ROWS] + [WIRE_OFF, FLOOR_DEFAULTS, *BEFORE]:
         mine = [r for r in runs if r["row"] == key]
         if not mine:
             continue
@@ -241,6 +246,8 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
         "proxied_rate_vs_aiohttp": rps("proxied") / rps("aiohttp"),
         "floor_vs_nginx_429": cpu("floor") / cpu("nginx-429"),
     }
+    if FLOOR_DEFAULTS in rows:
+        ratios["shed_vs_floor_defaults"] = cpu("shed") / cpu(FLOOR_DEFAULTS)
     if BEFORE[0] in rows:
         ratios["before_proxied_vs_nginx"] = cpu(BEFORE[0]) / cpu("nginx")
         ratios["before_shed_vs_floor"] = cpu(BEFORE[1]) / cpu("floor")
@@ -305,6 +312,15 @@ def table(doc: dict[str, Any]) -> list[str]:
         "busy all the time was held back by the client (wrk shares CPU 0 with the backend): "
         "its responses/s is a lower bound, `1 s / CPU per response` what its core would do.",
     ]
+    if FLOOR_DEFAULTS in rows:
+        d = rows[FLOOR_DEFAULTS]
+        out += [
+            "",
+            f"The floor app under plain `uvicorn` (its defaults: access log to stdout, date "
+            f"and server headers): {cell(d['cpu_us'], 1)} us per response; the gateway's shed "
+            f"is {ratios['shed_vs_floor_defaults']:.2f}x that. The table's floor is the "
+            "stricter one (the gateway form's settings).",
+        ]
     if BEFORE[0] in rows:
         old_p, old_s = rows[BEFORE[0]], rows[BEFORE[1]]
         out += [

@@ -184,10 +184,15 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
             path = root + path
             raw_path = root.encode("ascii") + raw_path
         client = self.client
-        answer = at_wire(
-            method.decode("ascii"), path, raw_path, self.headers, client[0] if client else None,
-            root, self._memo,
-        )  # fmt: skip
+        try:
+            answer = at_wire(
+                method.decode("ascii"), path, raw_path, self.headers,
+                client[0] if client else None, root, self._memo,
+            )  # fmt: skip
+        except Exception:  # a bug here must not cost the request: the ASGI way answers it
+            self.logger.exception("shed at the wire failed; the request goes the ASGI way")
+            self._memo[0] = None
+            return False
         if answer is None:
             return False
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()

@@ -561,3 +561,27 @@ def test_garbage_after_a_shed_in_the_same_read_the_shed_is_answered_first() -> N
         assert bad.startswith(b"HTTP/1.1 400 ") and bad.count(b"HTTP/1.1") == 1
         shed = ref.exchange(DOA, 1)
         assert answers[1] == shed + bad
+
+
+class BrokenWireGateway(CountingGateway):
+    """A gateway whose decision at the wire raises (a bug)."""
+
+    def shed_at_wire(self, *args: Any, **kw: Any) -> Any:
+        raise RuntimeError("boom")
+
+
+def test_a_failing_decision_at_the_wire_leaves_the_request_to_the_asgi_path(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """An exception in the decision is logged and the request answered the ordinary way."""
+    with serving(upstream, lifespan="off") as up:
+        config = load_config(env={"BALLAST_UPSTREAM": f"http://127.0.0.1:{up}"})
+        gateway = BrokenWireGateway(config, env={})
+        gateway.server_may_rewrite = False
+        settings = uvicorn_settings(config.server, config.websocket, gateway.server_protocol)
+        with serving(gateway, **{**settings, "access_log": False, "log_level": "error"}) as port:
+            side = Side(port, gateway)
+            answer = side.exchange(DOA + PLAIN, 2)
+    assert answer.startswith(b"HTTP/1.1 429") and b"HTTP/1.1 200" in answer
+    assert gateway.calls == 2
+    assert "shed at the wire failed" in capfd.readouterr().err

@@ -36,6 +36,7 @@ stages count and admit.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ballast_asgi.core.errors import HeaderError
@@ -47,7 +48,10 @@ from ballast_asgi.core.types import RawHeaders
 from ballast_asgi.middleware.limit_route import limit_key
 
 if TYPE_CHECKING:
+    from ballast_asgi.core.capacity import Capacity
+    from ballast_asgi.core.limiter import Limiter
     from ballast_asgi.middleware.pipeline import Stages
+    from ballast_asgi.telemetry.metrics import Metrics
 
 #: Counts what the ASGI path counts between admission and its shed.
 Commit = Callable[[], None]
@@ -104,46 +108,32 @@ def _after_admission(
     path: str,
     now: float,
 ) -> tuple[Shed, Commit] | None:
-    """The shed of the stages after admission, in the pipeline's order (None: not here)."""
+    """The shed of the stages after admission, in the pipeline's order (None: not here).
+
+    The commits are built only for a shed (a request that goes on costs no closure).
+    """
     if stages.ratelimit is not None and (
         route.rate_limit is not None or stages.ratelimit.runtime.config.enabled
     ):
         return None
     capacity = stages.capacity.capacity
     if capacity.would_refuse(priority):
-
-        def refuse_capacity() -> None:
-            if capacity.try_enter(priority):  # counts the refusal; never admits here
-                capacity.leave()
-
-        return Shed(ShedReason.CAPACITY, priority), refuse_capacity
+        return Shed(ShedReason.CAPACITY, priority), partial(_refuse_capacity, capacity, priority)
     if has_body:
         return None
-    concurrency = stages.concurrency
-    limiter = concurrency.limiter
+    limiter = stages.concurrency.limiter
     key = limit_key(route, path)
-
-    def refuse_permit() -> None:
-        """``try_acquire`` as the concurrency stage calls it: refuses, counts ``rejected``."""
-        permit = limiter.try_acquire(now, key)
-        if permit is not None:  # never: the limiter was full a moment ago, same loop turn
-            permit.release(Outcome.IGNORED, now)
-
     full = limiter.full(now, key)
     if full is None:
         return None
     if full:
         queue = stages.queue
         if queue is None:
-            return Shed(ShedReason.LIMIT, priority), refuse_permit
+            return Shed(ShedReason.LIMIT, priority), partial(_take_and_return, limiter, now, key)
         if not queue.queue.would_refuse(priority):
             return None
-
-        def queue_full() -> None:
-            refuse_permit()
-            queue.metrics.count_queued("queue_full")
-
-        return Shed(ShedReason.QUEUE_FULL, priority), queue_full
+        commit = partial(_queue_full, limiter, now, key, queue.metrics)
+        return Shed(ShedReason.QUEUE_FULL, priority), commit
     retry = stages.retry
     if retry is not None and retry.replays(route):
         return None
@@ -151,14 +141,28 @@ def _after_admission(
     if breaker.can_acquire(now, host):
         return None
     shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
+    # The breaker stage's shed: the permit it was given goes back at once, IGNORED.
+    return shed, partial(_take_and_return, limiter, now, key)
 
-    def handed_back() -> None:
-        """The breaker stage's shed: the permit taken, then handed back IGNORED."""
-        permit = limiter.try_acquire(now, key)
-        if permit is not None:
-            permit.release(Outcome.IGNORED, now)
 
-    return shed, handed_back
+def _refuse_capacity(capacity: Capacity, priority: Priority) -> None:
+    """``try_enter`` as the capacity stage calls it: refuses and counts the refusal."""
+    if capacity.try_enter(priority):  # never: it was full a moment ago, same loop turn
+        capacity.leave()
+
+
+def _take_and_return(limiter: Limiter, now: float, key: str) -> None:
+    """``try_acquire`` as the concurrency stage calls it (a full limiter refuses and counts
+    ``rejected``); a permit it gives (the breaker's case) is handed back IGNORED."""
+    permit = limiter.try_acquire(now, key)
+    if permit is not None:
+        permit.release(Outcome.IGNORED, now)
+
+
+def _queue_full(limiter: Limiter, now: float, key: str, metrics: Metrics) -> None:
+    """The queue stage's refusal: no permit, then ``ballast_queue_total{queue_full}``."""
+    _take_and_return(limiter, now, key)
+    metrics.count_queued("queue_full")
 
 
 __all__ = ["decide"]

@@ -83,6 +83,8 @@ ROWS = [
     ("shed", "the gateway shedding a request whose deadline is spent"),
 ]
 WIRE_OFF = "shed-wire-off"
+#: The same wire-off gateway, proxied: what deciding at the wire costs a request it passes on.
+PROXIED_WIRE_OFF = "proxied-wire-off"
 #: The same floor app under ``uvicorn`` with its defaults (access log, date and server headers).
 FLOOR_DEFAULTS = "floor-defaults"
 #: ``--before``: the same two gateway rows from another checkout (e.g. main), same run.
@@ -166,6 +168,7 @@ def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target
         "proxied": gw,
         "shed": gw,
         WIRE_OFF: gw_off,
+        PROXIED_WIRE_OFF: gw_off,
         FLOOR_DEFAULTS: start_floor(procs, CPU_PROXY, defaults=True),
     }
     if before:
@@ -202,7 +205,8 @@ def measure(
     only: list[str] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Every row (``only``: these) ``reps`` times, alternating, the order rotated each time."""
-    keys = [k for k, _ in ROWS] + [k for k in (WIRE_OFF, FLOOR_DEFAULTS, *BEFORE) if k in targets]
+    extra = (WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *BEFORE)
+    keys = [k for k, _ in ROWS] + [k for k in extra if k in targets]
     keys = [k for k in keys if only is None or k in only]
     for key in keys:  # warm-up: connections, imports, first-request paths
         wrk_run(wrk, targets[key], conns, 1.0, key.startswith("shed"))
@@ -222,7 +226,7 @@ def measure(
 def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians (with ranges) per row, the ratios of the medians and the target verdicts."""
     rows: dict[str, Any] = {}
-    for key in [k for k, _ in ROWS] + [WIRE_OFF, FLOOR_DEFAULTS, *BEFORE]:
+    for key in [k for k, _ in ROWS] + [WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *BEFORE]:
         mine = [r for r in runs if r["row"] == key]
         if not mine:
             continue
@@ -248,6 +252,8 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
     }
     if FLOOR_DEFAULTS in rows:
         ratios["shed_vs_floor_defaults"] = cpu("shed") / cpu(FLOOR_DEFAULTS)
+    if PROXIED_WIRE_OFF in rows:
+        ratios["proxied_vs_wire_off"] = cpu("proxied") / cpu(PROXIED_WIRE_OFF)
     if BEFORE[0] in rows:
         ratios["before_proxied_vs_nginx"] = cpu(BEFORE[0]) / cpu("nginx")
         ratios["before_shed_vs_floor"] = cpu(BEFORE[1]) / cpu("floor")
@@ -312,6 +318,14 @@ def table(doc: dict[str, Any]) -> list[str]:
         "busy all the time was held back by the client (wrk shares CPU 0 with the backend): "
         "its responses/s is a lower bound, `1 s / CPU per response` what its core would do.",
     ]
+    if PROXIED_WIRE_OFF in rows:
+        p = rows[PROXIED_WIRE_OFF]
+        out += [
+            "",
+            f"The same wire-off gateway proxying: {cell(p['cpu_us'], 1)} us per request; "
+            f"deciding at the wire costs a request it passes on "
+            f"{ratios['proxied_vs_wire_off']:.2f}x.",
+        ]
     if FLOOR_DEFAULTS in rows:
         d = rows[FLOOR_DEFAULTS]
         out += [

@@ -160,17 +160,8 @@ class Limiter(RoutePartitioning):
         None when it cannot tell without changing the partition table (it is full)."""
         if self._partition is None:
             return self._inflight >= self.limit
-        if self.max_limit is not None and self._inflight >= self.max_limit:
-            return True
-        key = self._key(route)
-        part = self._parts.get(key)
-        if part is not None and part.inflight == 0 and now - part.used >= self.partition_idle_s:
-            part = None  # stale: ``_part`` would start a fresh one
-        if part is None:
-            if len(self._parts) >= self.max_partitions - 1 and key != OTHER_ROUTE:
-                return None  # eviction or the overflow entry would decide
-            return False  # a fresh partition has nothing in flight
-        return part.inflight >= part.algorithm.limit
+        capped = self.max_limit is not None and self._inflight >= self.max_limit
+        return True if capped else self._part_full(now, route)
 
     def try_acquire(self, now: float, route: str = "") -> Permit | None:
         """A permit if in-flight is below the limit, else None. Never blocks.

@@ -61,12 +61,11 @@ class EarlyDrop(Protocol):
     def should_drop(self, remaining_s: float, priority: Priority, now: float) -> bool: ...
 
 
-class AdmissionMiddleware:
-    """Deadline admission and request classification."""
+class AdmissionStage:
+    """The admission stage's decisions: the head read once, the route, the tier, the deadline."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         responder: ShedResponder,
         metrics: Metrics,
@@ -82,7 +81,6 @@ class AdmissionMiddleware:
     ) -> None:
         if default_deadline_ms is not None and default_deadline_ms <= 0:
             raise ValueError(f"default_deadline_ms must be > 0, got {default_deadline_ms}")
-        self.app = app
         self.responder = responder
         self.metrics = metrics
         self.default_priority = default_priority
@@ -96,22 +94,13 @@ class AdmissionMiddleware:
         self.routes = RouteTable() if routes is None else routes
         self.clock = clock
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Admit, shed, or reject one request."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        entered = await self.enter(scope, receive, send)
-        if entered is not None:
-            await self.app(entered[1], receive, send)
-
     async def enter(
-        self, scope: Scope, receive: Receive, send: Send
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
     ) -> tuple[RequestContext, Scope] | None:
         """The admitted request's context and inner scope; None once it was answered here.
 
-        A malformed head is refused; a shed is acted on (dry-run: the inner app
-        runs here, through ``self.app``).
+        A malformed head is refused; a shed is acted on (dry-run: ``app``, the
+        inner app, runs here).
         """
         admitted = self.admit(scope)
         if isinstance(admitted, HeaderError):
@@ -122,7 +111,7 @@ class AdmissionMiddleware:
             return None
         ctx, child, shed = admitted
         if shed is not None:
-            await self.responder.act(shed, ctx, self.app, child, receive, send)
+            await self.responder.act(shed, ctx, app, child, receive, send)
             return None
         return ctx, child
 
@@ -195,6 +184,43 @@ class AdmissionMiddleware:
         if self.early_drop is not None and self.early_drop.should_drop(remaining_s, priority, now):
             return _EARLY[priority]
         return None
+
+
+class AdmissionMiddleware:
+    """Deadline admission and request classification (``AdmissionStage`` as a middleware)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        responder: ShedResponder,
+        metrics: Metrics,
+        default_priority: Priority = Priority.STANDARD,
+        default_deadline_ms: float | None = None,
+        classifier: Classifier | None = None,
+        early_drop: EarlyDrop | None = None,
+        limits: HeadLimits = HeadLimits(),  # noqa: B008 - frozen value object
+        failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
+        route_key: RouteKey | None = None,
+        routes: RouteTable | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.stage = AdmissionStage(
+            responder=responder, metrics=metrics, default_priority=default_priority,
+            default_deadline_ms=default_deadline_ms, classifier=classifier,
+            early_drop=early_drop, limits=limits, failure_statuses=failure_statuses,
+            route_key=route_key, routes=routes, clock=clock,
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Admit, shed, or reject one request."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entered = await self.stage.enter(self.app, scope, receive, send)
+        if entered is not None:
+            await self.app(entered[1], receive, send)
 
 
 #: The admission sheds, one value per tier (``Shed`` is frozen).

@@ -58,50 +58,55 @@ class Pipeline:
         self.stages = stages
         #: The same stages as nested middlewares (every other path runs through them).
         self.app = stages.admission
+        self._admission = stages.admission.stage
+        self._capacity = stages.capacity.stage
+        self._concurrency = stages.concurrency.stage
+        self._breaker = stages.breaker.stage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         stages = self.stages
-        entered = await stages.admission.enter(scope, receive, send)
+        entered = await self._admission.enter(stages.admission.app, scope, receive, send)
         if entered is None:
             return
         ctx, scope = entered
         limited = stages.ratelimit
         if limited is not None:
-            send, shed = await limited.check(scope, send)
+            send, shed = await limited.stage.check(scope, send)
             if shed is not None:
-                await limited.responder.act(shed, ctx, limited.app, scope, receive, send)
+                await limited.stage.responder.act(shed, ctx, limited.app, scope, receive, send)
                 return
-        capacity = stages.capacity.capacity
-        if not capacity.try_enter(ctx.priority):
-            await stages.capacity.refuse(ctx, ctx.priority, scope, receive, send)
+        capacity = self._capacity
+        if not capacity.capacity.try_enter(ctx.priority):
+            await capacity.refuse(ctx, ctx.priority, stages.capacity.app, scope, receive, send)
             return
         try:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
-                await stages.body(scope, receive, send)
+                await stages.body.stage.run(stages.body.app, scope, receive, send, ctx)
                 return
-            concurrency = stages.concurrency
+            concurrency = self._concurrency
             now = concurrency.clock()
             permit = concurrency.limiter.try_acquire(now, limit_route(scope, ctx))
             if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
-                if stages.queue is not None:
-                    await stages.queue.wait_then_run(scope, receive, send, ctx, now)
+                queue = stages.queue
+                if queue is not None:
+                    await queue.stage.wait_then_run(queue.app, scope, receive, send, ctx, now)
                 else:
-                    await concurrency.refuse(ctx, scope, receive, send)
+                    await concurrency.refuse(ctx, stages.concurrency.app, scope, receive, send)
                 return
             ctx.permit = permit
             retry = stages.retry
             try:
-                if retry is not None and retry.begin(scope, ctx):
-                    await retry.attempts(scope, receive, send, ctx, stages.breaker)
+                if retry is not None and retry.stage.begin(scope, ctx):
+                    await retry.stage.attempts(stages.breaker, scope, receive, send, ctx)
                 else:
-                    await stages.breaker(scope, receive, send)
+                    await self._breaker.attempt(stages.breaker.app, scope, receive, send, ctx)
             finally:
                 finish(permit, ctx, concurrency.clock())
         finally:
-            capacity.leave()
+            capacity.capacity.leave()
 
 
 __all__ = ["Pipeline", "Stages"]

@@ -90,6 +90,7 @@ class AdmissionStage:
         self.limits = limits
         self.failure_statuses = frozenset(failure_statuses)
         self.route_key = route_key
+        self._key_header = None if classifier is None else classifier.key_header
         #: Matches each request to its route (default: automatic groups only).
         self.routes = RouteTable() if routes is None else routes
         self.clock = clock
@@ -124,10 +125,10 @@ class AdmissionStage:
         """
         now = self.clock()
         try:
-            head = read_head(scope["headers"], self.limits, scope["method"])
-            check_target(scope.get("raw_path") or scope["path"])
+            head = read_head(scope["headers"], self.limits, scope["method"], self._key_header)
+            check_target(scope.get("raw_path"), scope["path"])
             route = self._route(scope)
-            priority, ignored = self._classify(scope, head.priority, route.priority)
+            priority, ignored = self._classify(scope, head, route.priority)
             default_ms: float | None = route.deadline_ms
             if default_ms is None:
                 default_ms = self.default_deadline_ms
@@ -164,12 +165,15 @@ class AdmissionStage:
         return self.routes.match(scope["method"], scope["path"], template)
 
     def _classify(
-        self, scope: Scope, raw_priority: bytes | None, route_priority: Priority | None
+        self, scope: Scope, head: RequestHead, route_priority: Priority | None
     ) -> tuple[Priority, bool]:
         if self.classifier is None:
             default = self.default_priority if route_priority is None else route_priority
-            return parse_priority(raw_priority, default), False
-        priority, ignored = self.classifier.classify_scope(scope, route_priority)
+            return parse_priority(head.priority, default), False
+        client = scope.get("client")
+        peer = client[0] if client else None
+        method, path = scope["method"], scope["path"]
+        priority, ignored = self.classifier.classify_head(method, path, head, peer, route_priority)
         if ignored:
             self.metrics.priority_ignored.inc()
         return priority, ignored

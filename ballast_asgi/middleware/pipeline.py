@@ -1,24 +1,25 @@
 """Pipeline: the stages ``build_stack`` composes, run by one object (issue 18, hot path).
 
-Composed one by one, every stage is a middleware: one coroutine per stage
-per request, each reading the request context back out of the scope, each
-resumed again every time the request waits for I/O. ``build_stack`` (the
-gateway, ``install``/``wrap``) builds the same middlewares and wraps them in
-a ``Pipeline``, which runs the common path of all of them in sequence in one
-``__call__`` around one call of the innermost stage per attempt:
+Every stage's decisions live in one object, its *stage* (``AdmissionStage``,
+``RateLimitStage``, ``CapacityStage``, ``BodyStage``, ``QueueStage``,
+``ConcurrencyStage``, ``RetryStage``, ``BreakerStage``; ADR 0018). Each
+middleware is a thin ASGI adapter around its stage (``mw.stage``): it finds
+the context, calls the stage and its own inner app. Composed one by one that
+is one coroutine per stage per request, each resumed again every time the
+request waits for I/O. ``build_stack`` (the gateway, ``install``/``wrap``)
+builds the same middlewares and wraps them in a ``Pipeline``, which calls the
+same stage objects in sequence in one ``__call__`` around one call of the
+innermost stage per attempt:
 
     admission -> rate limit (when configured) -> capacity -> permit
     (queue / concurrency) -> retry -> breaker -> inner app
 
-using each stage's own decision methods (``enter``, ``check``,
-``try_enter``, ``try_acquire``, ``begin``/``attempts``, ``finish``) in one
-frame: every coroutine level a request passes through costs it again each
-time it waits. Whatever else a stage does (a malformed head, any shed,
-dry-run, a request body to buffer, a wait in the queue) is handed to that
-stage's middleware, whose inner app is the ordinary chain from there on:
-those paths are the middlewares' own code, byte for byte. Non-HTTP scopes
-(lifespan, websocket) go through the chain. The middlewares stay usable one
-by one, unchanged.
+Wherever a stage runs the rest of the request itself (dry-run admitting a
+would-be shed, a request body to buffer, a wait in the queue, each retry
+attempt), the pipeline hands it the next middleware as its inner app: from
+there on the request runs through the chain. So both compositions run the
+same decisions by construction; ``tests/middleware/test_compositions.py``
+plays one script through both. Non-HTTP scopes (lifespan) go through the chain.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ Dry-run (``responder.dry_run``): a request over the limit is counted in
 stage already admitted that way (``ctx.would_shed``); nothing is released for
 it, so the limiter's in-flight and samples are exactly enforcement's. The
 breaker stage, when dry-run admits a request it would shed, hands the permit
-back early and clears ``ctx.permit``; the release here is then skipped.
+back early and clears ``ctx.permit``; the release here is then skipped (a
+permit taken off the context without being released goes back IGNORED:
+``finish``, the same call the fused pipeline makes).
 """
 
 from __future__ import annotations

@@ -58,13 +58,20 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+SEEN: list[httpx.Request] = []
+
+
 def _upstream(request: httpx.Request) -> httpx.Response:
+    SEEN.append(request)
     location = {"location": "http://up.test/next"} if request.url.path == "/moved" else {}
     return httpx.Response(302 if location else 200, headers=location, content=b"ok")
 
 
-async def _proxied(config: dict[str, Any], method: str, path: str, body: bytes = b"") -> int:
-    """One request through the gateway (as ``serve`` runs it); its status."""
+async def _proxied(
+    config: dict[str, Any], method: str, path: str, body: bytes = b""
+) -> dict[str, Any]:
+    """One request through the gateway (as ``serve`` runs it); its response head."""
+    SEEN.clear()
     cfg = build_config({"upstream": "http://up.test", **config})
     gw = build_gateway(cfg, transport=httpx.MockTransport(_upstream), env={})
     gw.server_may_rewrite = False  # as the CLI and ``serve`` run it (no proxy-headers rewrite)
@@ -88,7 +95,7 @@ async def _proxied(config: dict[str, Any], method: str, path: str, body: bytes =
         "server": ("127.0.0.1", 8080),
     }  # fmt: skip
     await gw(scope, receive, send)
-    return int(sent[0]["status"])
+    return sent[0]
 
 
 @pytest.mark.parametrize(
@@ -106,8 +113,8 @@ async def test_a_proxied_request_reads_its_head_once(
     calls: list[str], config: dict[str, Any], method: str, path: str, body: bytes
 ) -> None:
     """One parse, two walks of the header list (the head, the forwarded copy), one outcome."""
-    status = await _proxied(config, method, path, body)
-    assert status in (200, 302)
+    head = await _proxied(config, method, path, body)
+    assert head["status"] == (302 if path == "/moved" else 200)
     assert calls.count("read_head") == 1
     assert calls.count("status_outcome") == 1
     assert Marker.touched == 2
@@ -121,3 +128,12 @@ async def test_the_marker_counts_a_walk() -> None:
         pass
     assert [h for h in headers if h[0] != b"b"] == [(b"a", b"1")]
     assert Marker.touched == 2
+
+
+async def test_the_hosts_taken_from_the_head_are_the_clients() -> None:
+    """preserve_host sends the client's Host upstream; a Location moves to the client's Host."""
+    await _proxied({"proxy": {"preserve_host": True}}, "GET", "/x")
+    assert [r.headers["host"] for r in SEEN] == ["gw.test"]
+    head = await _proxied({}, "GET", "/moved")
+    assert [r.headers["host"] for r in SEEN] == ["up.test"]
+    assert dict(head["headers"])[b"location"] == b"http://gw.test/next"

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-routes clean system-deps \
+.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-headroom bench-routes clean system-deps \
 	experiment-discovery experiment-canary experiment-chain
 
 $(STAMP): pyproject.toml
@@ -45,6 +45,14 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) \
 	    >/dev/null 2>&1 || echo "warning: could not install redis-server; rate-limit tests fail"; \
 	fi
+	@for tool in nginx:nginx wrk:wrk; do bin=$${tool%%:*}; pkg=$${tool##*:}; \
+	  if ! command -v $$bin >/dev/null 2>&1 && ! test -x /usr/sbin/$$bin \
+	      && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing $$pkg (Debian) for make bench / bench-headroom"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkg) \
+	      >/dev/null 2>&1 || echo "warning: could not install $$pkg; the headroom table skips"; \
+	  fi; \
+	done
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
 	    && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing chromium (Debian) for the dashboard browser test"; \
@@ -72,8 +80,13 @@ experiment-quick: $(STAMP)
 experiment-canary: $(STAMP)
 	$(PY) -m experiments.canary
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
 	$(PY) -m experiments.bench
+
+# Issue 31's headroom table alone (about 3 minutes): nginx proxy / return 429, uvicorn's
+# constant-429 floor, bare aiohttp, the gateway proxied and shedding; docs/bench.md block.
+bench-headroom: $(STAMP) system-deps
+	$(PY) -m experiments.bench.headroom --docs
 
 # Issue 28's httpbin case on loopback: 10 clients on a 1 s endpoint + 10 on an
 # instant one for 15 s, default gateway vs fixed-1000 (about 40 s).

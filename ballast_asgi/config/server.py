@@ -36,6 +36,10 @@ class ServerConfig(Frozen):
     header_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     #: Request-head bytes (request line and headers) allowed before 431.
     max_header_bytes: int = Field(65_536, ge=1_024, le=16 * 1024 * 1024)
+    #: Answer a request the stages would shed from its parsed head, before any ASGI work
+    #: (the gateway form; ``ballast_asgi/server/wire.py``). False: every request goes
+    #: through uvicorn's ASGI cycle and the stages, as before.
+    shed_at_wire: bool = True
     #: Open connections (and running requests) above which uvicorn answers 503.
     max_connections: int = Field(10_000, ge=1, le=1_000_000)
     #: PEM certificate chain and key: serve TLS (https) on the traffic and admin ports.

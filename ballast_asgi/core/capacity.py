@@ -100,6 +100,11 @@ class Capacity:
             self.peak_held = self.held
         return True
 
+    def would_refuse(self, priority: Priority) -> bool:
+        """Whether ``try_enter(priority)`` would refuse now (takes and counts nothing)."""
+        limit = self.max_held if priority is Priority.CRITICAL else self._limit_other
+        return self.held >= limit
+
     def leave(self, body_bytes: int = 0) -> None:
         """One admitted request finished; give back what it reserved."""
         self.held -= 1

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ballast_asgi.core.errors import HeaderError
 
@@ -86,9 +87,9 @@ class HeadLimits:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-@dataclass(slots=True, frozen=True)
-class RequestHead:
-    """The request headers the stages act on."""
+class RequestHead(NamedTuple):
+    """The request headers the stages act on (a named tuple: built once per request,
+    half the cost of a frozen dataclass to build, and as immutable)."""
 
     #: Declared ``Content-Length`` (None when absent).
     content_length: int | None = None

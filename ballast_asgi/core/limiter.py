@@ -155,6 +155,14 @@ class Limiter(RoutePartitioning):
         return self._completions.rate(now)
 
     # -- permits --------------------------------------------------------------
+    def full(self, now: float, route: str = "") -> bool | None:
+        """Whether ``try_acquire(now, route)`` would refuse (takes and creates nothing);
+        None when it cannot tell without changing the partition table (it is full)."""
+        if self._partition is None:
+            return self._inflight >= self.limit
+        capped = self.max_limit is not None and self._inflight >= self.max_limit
+        return True if capped else self._part_full(now, route)
+
     def try_acquire(self, now: float, route: str = "") -> Permit | None:
         """A permit if in-flight is below the limit, else None. Never blocks.
 

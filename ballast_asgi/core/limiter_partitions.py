@@ -69,6 +69,19 @@ class RoutePartitioning:
         own = self.own_routes
         return route if own is None or route in own else SHARED
 
+    def _part_full(self, now: float, route: str) -> bool | None:
+        """Whether ``route``'s partition is at its limit, as ``_part`` would find it at
+        ``now`` (creates nothing); None when the table is full (eviction would decide)."""
+        key = self._key(route)
+        part = self._parts.get(key)
+        if part is not None and part.inflight == 0 and now - part.used >= self.partition_idle_s:
+            part = None  # stale: ``_part`` would start a fresh one
+        if part is None:
+            if len(self._parts) >= self.max_partitions - 1 and key != OTHER_ROUTE:
+                return None
+            return False  # a fresh partition has nothing in flight
+        return part.inflight >= part.algorithm.limit
+
     def _part(self, route: str, now: float | None = None) -> Partition:
         """``route``'s partition: made on first use (or after idling), ``~other`` once full."""
         route = self._key(route)

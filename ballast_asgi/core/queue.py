@@ -162,6 +162,11 @@ class PriorityQueue:
             "per_priority": self.per_priority,
         }
 
+    def would_refuse(self, priority: Priority) -> bool:
+        """Whether ``push`` would refuse a waiter of ``priority`` now (full, no lower-tier
+        waiter to displace); takes nothing."""
+        return not self._fits(priority) and self._victim(priority) is None
+
     # -- mutation -------------------------------------------------------------
     def push(self, waiter: Waiter) -> PushResult:
         """Queue ``waiter``, displacing a lower-tier waiter if it is full."""

@@ -215,6 +215,15 @@ class RouteTable:
         self.counts[name] = self.counts.get(name, 0) + 1
         return route
 
+    def find(self, method: str, path: str, template: str | None = None) -> Route:
+        """The route ``match`` would return, not counted (the shed at the wire counts it
+        with ``count`` only when it answers the request itself)."""
+        return self._find(method, path, template)
+
+    def count(self, route: Route) -> None:
+        """Count one request of ``route`` (what ``match`` does)."""
+        self.counts[route.name] = self.counts.get(route.name, 0) + 1
+
     def _find(self, method: str, path: str, template: str | None) -> Route:
         if self._rules:
             upper = method.upper()

@@ -48,14 +48,17 @@ from ballast_asgi.core.forwarded import (
     rewritten_by_server,
 )
 from ballast_asgi.core.redact import redact_userinfo
-from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.core.shed import Shed, ShedHeaders
+from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.gateway.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.access_log import AccessLog
 from ballast_asgi.ops.admin import AdminRouter, Route
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.server.serve import adopt_uvicorn, freeze_after_startup
+from ballast_asgi.server.wire import WireShedProtocol
 from ballast_asgi.server.workers import read_live, scale_config
 from ballast_asgi.telemetry.events import emit, events
 from ballast_asgi.telemetry.metrics import Metrics
@@ -252,6 +255,32 @@ class Gateway:
             send = freeze_after_startup(send)
         await self._app(scope, receive, send)
 
+    def shed_at_wire(
+        self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None,
+        root_path: str = "", memo: list[object] | None = None,
+    ) -> tuple[Shed, int, int, ShedHeaders, bytes] | None:  # fmt: skip
+        """A request head the stages would shed now: the shed, counted, and its response
+        (status, Retry-After seconds, headers, body); None: serve it the ordinary way.
+
+        Called by the server protocol (``ballast_asgi/server/wire.py``) before any
+        ASGI work. Only the plain form decides here (the fused pipeline straight
+        behind the admin prefix: no access log, no discovery wrapper); a path under
+        the admin prefix, a peer that is a trusted proxy and a server that may have
+        rewritten the client address go the ordinary way. ``memo``: see
+        ``middleware/at_wire.py`` (the head read once for a request that is not shed).
+        """
+        stack = self._stack
+        if not isinstance(stack, Pipeline) or self.server_may_rewrite:
+            return None
+        if self.forwarded.networks and self.forwarded.is_trusted(host):
+            return None
+        if not self._router.passes({"path": path, "root_path": root_path}):
+            return None
+        shed = stack.decide_at_wire(method, path, raw_path, headers, host, memo)
+        if shed is None:
+            return None
+        return (shed, *self.parts.responder.response(shed))
+
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""
         client = scope.get("client")
@@ -319,6 +348,12 @@ class Gateway:
     def server_config(self) -> ServerConfig:
         """The ``server`` section (settings of the HTTP server in front of the gateway)."""
         return self.config.server
+
+    @property
+    def server_protocol(self) -> type[WireShedProtocol] | None:
+        """The server protocol class the gateway form installs: the shed at the wire
+        (``server.shed_at_wire``), or None: the guarded protocol alone."""
+        return WireShedProtocol if self.config.server.shed_at_wire else None
 
     @property
     def websocket_config(self) -> WebSocketConfig:

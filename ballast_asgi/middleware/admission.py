@@ -53,6 +53,11 @@ from ballast_asgi.telemetry.metrics import Metrics
 RouteKey = Callable[[Scope], "str | None"]
 #: An admitted request: its context, the scope the inner stages get, and a shed to act on.
 Admitted = tuple[RequestContext, Scope, "Shed | None"]
+#: A request read at admission: head, route, tier, X-Priority ignored, absolute deadline.
+Read = tuple[RequestHead, Route, Priority, bool, "float | None"]
+#: Scope key of ``(admission, Read, now)``: the head as the server's shed at the wire read
+#: it (``middleware/at_wire.py``); admission counts it and does not read it again.
+WIRE_READ = "ballast.wire_read"
 
 
 class EarlyDrop(Protocol):
@@ -123,20 +128,25 @@ class AdmissionStage:
         ``Shed`` to answer, decided before the context and the inner scope are
         built (issue 18: a shed builds nothing it does not send). Counts the request.
         """
-        now = self.clock()
-        try:
-            head = read_head(scope["headers"], self.limits, scope["method"], self._key_header)
-            check_target(scope.get("raw_path"), scope["path"])
-            route = self._route(scope)
-            priority, ignored = self._classify(scope, head, route.priority)
-            default_ms: float | None = route.deadline_ms
-            if default_ms is None:
-                default_ms = self.default_deadline_ms
-            deadline = absolute_deadline(head.deadline, now, default_ms)
-        except HeaderError as exc:
-            return exc
+        pre = scope.get(WIRE_READ)
+        if pre is not None and pre[0] is self:  # read by the server at the wire, not shed
+            _, (head, route, priority, ignored, deadline), now = pre
+            self.routes.count(route)
+            if ignored:
+                self.metrics.priority_ignored.inc()
+        else:
+            now = self.clock()
+            client = scope.get("client")
+            try:
+                template = None if self.route_key is None else self.route_key(scope)
+                head, route, priority, ignored, deadline = self.read(
+                    scope["method"], scope["path"], scope.get("raw_path") or scope["path"],
+                    scope["headers"], client[0] if client else None, now, template,
+                )  # fmt: skip
+            except HeaderError as exc:
+                return exc
         self.metrics.count_request(priority)
-        shed = self._decide(deadline, priority, now)
+        shed = self.decide(deadline, priority, now)
         if shed is not None and not self.responder.dry_run:
             return shed
         ctx = RequestContext(
@@ -159,26 +169,53 @@ class AdmissionStage:
         self.metrics.bad_requests.labels(exc.header).inc()
         await send_refusal(send, exc)
 
-    def _route(self, scope: Scope) -> Route:
-        """The request's route (matched here, once)."""
-        template = None if self.route_key is None else self.route_key(scope)
-        return self.routes.match(scope["method"], scope["path"], template)
+    def read(
+        self,
+        method: str,
+        path: str,
+        raw_path: bytes | str,
+        headers: RawHeaders,
+        host: str | None,
+        now: float,
+        template: str | None = None,
+        *,
+        count: bool = True,
+    ) -> Read:
+        """The head, route, tier (and whether X-Priority was ignored) and absolute deadline.
 
-    def _classify(
-        self, scope: Scope, head: RequestHead, route_priority: Priority | None
-    ) -> tuple[Priority, bool]:
+        Raises ``HeaderError``. The ASGI path (``admit``) and the shed at the wire
+        (``middleware/at_wire.py``) both read a request here. ``count``: the route
+        match and an ignored X-Priority are counted as they are read (``admit``);
+        False counts nothing, ``count`` does it later (the wire, for a request it answers).
+        """
+        head = read_head(headers, self.limits, method, self._key_header)
+        check_target(raw_path, path)
+        routes = self.routes
+        route = (
+            routes.match(method, path, template) if count else routes.find(method, path, template)
+        )
         if self.classifier is None:
-            default = self.default_priority if route_priority is None else route_priority
-            return parse_priority(head.priority, default), False
-        client = scope.get("client")
-        peer = client[0] if client else None
-        method, path = scope["method"], scope["path"]
-        priority, ignored = self.classifier.classify_head(method, path, head, peer, route_priority)
+            default = self.default_priority if route.priority is None else route.priority
+            priority, ignored = parse_priority(head.priority, default), False
+        else:
+            priority, ignored = self.classifier.classify_head(
+                method, path, head, host, route.priority
+            )
+            if ignored and count:
+                self.metrics.priority_ignored.inc()
+        default_ms: float | None = route.deadline_ms
+        if default_ms is None:
+            default_ms = self.default_deadline_ms
+        return head, route, priority, ignored, absolute_deadline(head.deadline, now, default_ms)
+
+    def count(self, route: Route, priority: Priority, ignored: bool) -> None:
+        """What ``admit`` counts for a request ``read(count=False)`` read (the wire's shed)."""
+        self.routes.count(route)
         if ignored:
             self.metrics.priority_ignored.inc()
-        return priority, ignored
+        self.metrics.count_request(priority)
 
-    def _decide(self, deadline: float | None, priority: Priority, now: float) -> Shed | None:
+    def decide(self, deadline: float | None, priority: Priority, now: float) -> Shed | None:
         """``deadline`` when the budget is spent, ``early_drop`` when it cannot be met."""
         if deadline is None:
             return None

@@ -14,6 +14,7 @@ and puts the rest in one overflow entry (``~other``).
 
 from __future__ import annotations
 
+from ballast_asgi.core.routes import Route
 from ballast_asgi.core.types import Scope
 from ballast_asgi.middleware.context import RequestContext
 
@@ -23,9 +24,13 @@ MAX_SEGMENT = 48
 
 def limit_route(scope: Scope, ctx: RequestContext) -> str:
     """The request's limiter route key."""
-    route = ctx.route
+    return limit_key(ctx.route, scope.get("path"))
+
+
+def limit_key(route: Route | None, path: str | None) -> str:
+    """The limiter route key of a request on ``route`` for ``path`` (``limit_route``)."""
     if route is not None and route.source != "overflow":
         return route.name
-    path = scope.get("path") or "/"
+    path = path or "/"
     segment = path.split("/", 2)[1] if path.startswith("/") else ""
     return "/" + segment[:MAX_SEGMENT]

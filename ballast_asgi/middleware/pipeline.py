@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ballast_asgi.core.types import Receive, Scope, Send
+from ballast_asgi.core.shed import Shed
+from ballast_asgi.core.types import RawHeaders, Receive, Scope, Send
+from ballast_asgi.middleware import at_wire
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
@@ -108,6 +110,19 @@ class Pipeline:
                 finish(permit, ctx, concurrency.clock())
         finally:
             capacity.capacity.leave()
+
+    def decide_at_wire(
+        self,
+        method: str,
+        path: str,
+        raw_path: bytes,
+        headers: RawHeaders,
+        host: str | None,
+        memo: list[object] | None = None,
+    ) -> Shed | None:
+        """The shed this pipeline would answer a request head with now (counted as the
+        stages count it), or None: the request goes the ordinary way (``at_wire.py``)."""
+        return at_wire.decide(self.stages, method, path, raw_path, headers, host, memo)
 
 
 __all__ = ["Pipeline", "Stages"]

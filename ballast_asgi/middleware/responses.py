@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.outcome import ShedReason, shed_statuses
 from ballast_asgi.core.priority import Priority
-from ballast_asgi.core.shed import Shed
+from ballast_asgi.core.shed import Shed, ShedHeaders
 from ballast_asgi.core.types import ASGIApp, Receive, Scope, Send
 from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.telemetry.metrics import Metrics
@@ -28,7 +28,7 @@ from ballast_asgi.telemetry.metrics import Metrics
 _JSON = (b"content-type", b"application/json")
 _NO_STORE = (b"cache-control", b"no-store")
 #: A shed response built once: its headers and body.
-_Built = tuple[tuple[tuple[bytes, bytes], ...], bytes]
+_Built = tuple[ShedHeaders, bytes]
 
 
 async def send_json(
@@ -169,6 +169,16 @@ class ShedResponder:
         work is the two messages and one counter); with extra headers (the rate
         limit's) they are built each time, byte for byte the same way.
         """
+        status, _, headers, body = self.response(shed)
+        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+        await send({"type": "http.response.body", "body": body})
+
+    def response(self, shed: Shed) -> tuple[int, int, ShedHeaders, bytes]:
+        """Count ``shed``; its status, Retry-After seconds, headers and JSON body.
+
+        What ``shed`` sends, and what the shed at the wire (``ballast_asgi/server/wire.py``)
+        writes as bytes: the one definition of a shed response.
+        """
         reason = shed.reason
         priority = shed.priority
         self.metrics.count_shed(reason, priority)
@@ -187,9 +197,7 @@ class ShedResponder:
                 if len(self._built) < _BUILT_MAX:
                     self._built[key] = built
             headers, body = built
-        status = self.statuses[reason]
-        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
-        await send({"type": "http.response.body", "body": body})
+        return self.statuses[reason], seconds, headers, body
 
 
 #: Shed responses kept built (reasons x tiers x Retry-After values seen; bounded).

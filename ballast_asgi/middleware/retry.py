@@ -54,6 +54,7 @@ from ballast_asgi.config import RetryConfig
 from ballast_asgi.core.capacity import ByteBudget
 from ballast_asgi.core.outcome import AttemptOutcome, is_retryable
 from ballast_asgi.core.retry_budget import RetryBudget
+from ballast_asgi.core.routes import Route
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.middleware._asgi import HeldResponse, body_message, replay
 from ballast_asgi.middleware.context import RequestContext, find_context
@@ -132,7 +133,15 @@ class RetryStage:
 
     def policy(self, ctx: RequestContext) -> _Policy:
         """The retry settings of the request's route (the gateway's unless it overrides them)."""
-        route = ctx.route
+        return self.route_policy(ctx.route)
+
+    def replays(self, route: Route) -> bool:
+        """Whether ``begin`` would give a request on ``route`` several attempts (one that
+        is not dry-run and has no body to buffer)."""
+        return self.route_policy(route).max_attempts > 1
+
+    def route_policy(self, route: Route | None) -> _Policy:
+        """The retry settings of ``route`` (the gateway's unless it overrides them)."""
         if route is None or route.retry is None:
             return self._default
         found = self._by_route.get(route.name)

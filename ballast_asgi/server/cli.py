@@ -113,7 +113,9 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway (and its admin app) on bound sockets until SIGINT/SIGTERM."""
     gateway.server_may_rewrite = False
-    settings = {**uvicorn_settings(gateway.config.server, gateway.config.websocket), **kw}
+    server = gateway.config.server
+    base = gateway.server_protocol
+    settings = {**uvicorn_settings(server, gateway.config.websocket, base), **kw}
     pairs = [(QuietServer(uvicorn.Config(gateway, lifespan="on", **settings)), traffic)]
     if admin is not None:
         config = uvicorn.Config(gateway.admin_app(), lifespan="off", **settings)
@@ -200,7 +202,8 @@ def _workers(
     kw: dict[str, Any],
 ) -> int:
     """``--workers N``: each worker its own gateway (with 1/N of every cap) on the shared port."""
-    settings = {**uvicorn_settings(first.config.server, first.config.websocket), **kw}
+    base = first.server_protocol
+    settings = {**uvicorn_settings(first.config.server, first.config.websocket, base), **kw}
 
     def run(index: int, traffic: socket.socket, worker_admin: socket.socket) -> None:
         # Built after the fork, from the validated (scaled) config: a forked copy of the

@@ -111,6 +111,9 @@ class _Adoptable(Protocol):
     server_may_rewrite: bool
 
     @property
+    def server_protocol(self) -> type[GuardedHttpToolsProtocol] | None: ...
+
+    @property
     def server_config(self) -> ServerConfig: ...
 
     @property
@@ -239,6 +242,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._message_begins()
+
+    def _message_begins(self) -> None:
+        """A request head began: time it (``ballast_asgi/server/wire.py`` calls this too)."""
         self._in_head = self._began = True
         if self._head_since is None:
             self._head_begins()
@@ -383,13 +390,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
-    """A ``GuardedHttpToolsProtocol`` with the limits of ``server``."""
+def guarded_protocol(
+    server: ServerConfig, base: type[GuardedHttpToolsProtocol] | None = None
+) -> type[GuardedHttpToolsProtocol]:
+    """A ``GuardedHttpToolsProtocol`` (or the subclass ``base``) with the limits of ``server``.
+
+    The gateway's ``server_protocol`` is such a ``base``: the ``WireShedProtocol``
+    of ``ballast_asgi/server/wire.py`` while ``server.shed_at_wire`` is on.
+    """
     attrs = {
         "header_timeout_s": server.header_timeout_ms / 1000.0,
         "max_header_bytes": server.max_header_bytes,
     }
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)
+    base = base or GuardedHttpToolsProtocol
+    return type(base.__name__, (base,), attrs)
 
 
 def websocket_settings(websocket: WebSocketConfig) -> dict[str, Any]:
@@ -412,14 +426,17 @@ _UVICORN_WS_MAX_QUEUE = 32
 
 
 def uvicorn_settings(
-    server: ServerConfig, websocket: WebSocketConfig | None = None
+    server: ServerConfig,
+    websocket: WebSocketConfig | None = None,
+    base: type[GuardedHttpToolsProtocol] | None = None,
 ) -> dict[str, Any]:
-    """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these).
+    """``uvicorn.Config`` keyword arguments for the gateway (the CLI passes these;
+    ``base``: the gateway's ``server_protocol``, see ``guarded_protocol``).
 
     With ``server.ssl_certfile`` uvicorn serves plain TCP and the ``http`` class
     is a ``serve_tls.TlsFront`` doing the handshake under the server's guards.
     """
-    http: type[asyncio.Protocol] = guarded_protocol(server)
+    http: type[asyncio.Protocol] = guarded_protocol(server, base)
     if server.ssl_certfile:
         context = server_ssl_context(server.ssl_certfile, server.ssl_keyfile, http)
         http = tls_front(http, context, server.header_timeout_ms / 1000.0)
@@ -443,7 +460,8 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     its own ``date``/``server`` next to the upstream's. Found on the call
     stack, that config gets: proxy headers off (the gateway decides, see
     ``proxy.trusted_proxies``), no date/server headers of its own, the guarded
-    httptools protocol, uvicorn's per-request access log off unless
+    httptools protocol (the gateway's ``server_protocol``: shed at the wire),
+    uvicorn's per-request access log off unless
     ``--access-log`` (or ``UVICORN_ACCESS_LOG``) asked for it (one log record
     per request was about 7 % of the gateway's CPU at saturation; the
     gateway's own is ``access_log.enabled``), with ``--ssl-certfile`` the TLS
@@ -469,7 +487,7 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
     if config.access_log and not _access_log_requested():
         _access_log_off(config)
     if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
-        config.http_protocol_class = guarded_protocol(server)
+        config.http_protocol_class = guarded_protocol(server, gateway.server_protocol)
     if getattr(config, "ssl", None) is not None:  # --ssl-certfile: the handshake under guards
         timeout_s = server.header_timeout_ms / 1000.0
         config.http_protocol_class = tls_front(config.http_protocol_class, config.ssl, timeout_s)

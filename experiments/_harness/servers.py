@@ -28,6 +28,8 @@ http {{ access_log off; client_body_temp_path {dir}; proxy_temp_path {dir};
   fastcgi_temp_path {dir}; uwsgi_temp_path {dir}; scgi_temp_path {dir};
   keepalive_requests 10000000; keepalive_timeout 120s;
 """
+#: nginx's global part (one process, no access log, long keep-alive); a server block follows.
+NGINX_HEAD = _NGINX_HEAD
 NGINX_BACKEND = _NGINX_HEAD + """
   server {{ listen {host}:{port} backlog=4096;
     location / {{ root {dir}; try_files /1k.bin =404; }} }} }}
@@ -230,13 +232,16 @@ def start_gateway(
     return Target(name, port, proc.pid, admin_port=admin)
 
 
-def start_uvicorn_gateway(procs: Procs, name: str, upstream: str, cpu: int | None) -> Target:
-    """The gateway exactly as a user starts it: ``uvicorn ballast_asgi.gateway:app``."""
+def start_uvicorn_gateway(
+    procs: Procs, name: str, upstream: str, cpu: int | None, env: dict[str, str] | None = None
+) -> Target:
+    """The gateway exactly as a user starts it: ``uvicorn ballast_asgi.gateway:app``
+    (``env``: more environment, e.g. ``BALLAST_CONFIG``)."""
     uvicorn = os.path.join(os.path.dirname(sys.executable), "uvicorn")
 
     def cmd(port: int, _admin: int) -> list[str]:
         return [uvicorn, "ballast_asgi.gateway:app", "--host", HOST, "--port", str(port)]
 
-    env = {"BALLAST_UPSTREAM": upstream}
+    env = {"BALLAST_UPSTREAM": upstream, **(env or {})}
     proc, port, _ = start_on_free_ports(procs, cmd, cpu, name, env)
     return Target(name, port, proc.pid)

@@ -23,6 +23,10 @@ generator (this process) plus the backend pinned to CPU 0:
    as ``uvicorn ballast_asgi.gateway:app``, alternating: CPU and rate ratios.
 5. **Capacity cap** (``experiments.bench.capacity``): RSS and critical p99 at
    3x and 12x the simulator's knee, default cap vs effectively none.
+6. **Headroom** (``experiments.bench.headroom``, issue 31; alone: ``make
+   bench-headroom``): nginx proxy and ``return 429``, uvicorn's constant-429
+   floor, bare aiohttp, the gateway proxied and shedding, wrk, alternating;
+   written to the marked block of ``docs/bench.md``.
 
 Raw results go to ``runs/bench-<time>/results.json`` (gitignored); the report
 to ``docs/bench.md`` and ``docs/img/bench.png`` (full runs) or next to the raw
@@ -56,6 +60,7 @@ from experiments._harness.servers import (
 )
 from experiments.bench.capacity import capacity_bench
 from experiments.bench.drive import BlastRun, OpenRun, blast, open_loop, request_bytes
+from experiments.bench.headroom import headroom, update_docs
 from experiments.bench.report import write_report
 from experiments.bench.saturation import saturation
 
@@ -81,6 +86,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cap-3x", type=float, help="seconds at 3x the knee (10; quick 5)")
     p.add_argument("--cap-12x", type=float, help="seconds at 12x the knee (60; quick 10)")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity-cap phase")
+    p.add_argument("--no-headroom", action="store_true", help="skip the headroom table")
     p.add_argument("--docs", action="store_true", help="write docs/ even with --quick")
     p.add_argument("--out", type=Path, help="raw results directory (runs/bench-<time>)")
     a = p.parse_args(argv)
@@ -216,6 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not a.no_capacity:
             print("bench: capacity cap", flush=True)
             caps = capacity_bench(procs, CPU_PROXY, CPU_LOAD, a.cap_3x, a.cap_12x)
+            procs.stop_all()
+        room: dict[str, Any] = {}
+        if not a.no_headroom:
+            print("bench: headroom (issue 31)", flush=True)
+            room = headroom(procs, a.shed_seconds + 2.0, a.reps, 16)
     doc.update(
         notes=notes,
         grid=[r.to_dict() for r in runs],
@@ -224,12 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         vmhwm_mb=rss,
         capacity=caps,
         saturation=sat,
+        headroom=room,
         elapsed_s=round(time.monotonic() - t0, 1),
         loadavg_end=[round(x, 2) for x in os.getloadavg()],
     )
     (a.out / "results.json").write_text(json.dumps(doc, indent=1))
     docs = not a.quick or a.docs
     md = write_report(doc, a.out, docs_dir=Path("docs") if docs else None)
+    if docs and "summary" in room:
+        update_docs(room, Path("docs") / "bench.md")
     print(f"\nbench: {doc['elapsed_s']} s; raw data {a.out}/results.json; report {md}")
     return 0
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.head import RequestHead
 from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
 
 if TYPE_CHECKING:
@@ -95,6 +96,34 @@ class Classifier:
         ``default``: the tier when nothing else decides (the route's), else ``self.default``.
         """
         raw, key = self._scan(headers)
+        return self._decide(method, path, raw, key, client_host, default)
+
+    def classify_head(
+        self,
+        method: str,
+        path: str,
+        head: RequestHead,
+        client_host: str | None,
+        default: Priority | None = None,
+    ) -> tuple[Priority, bool]:
+        """``classify`` from the head admission read once (``read_head`` with ``key_header``)."""
+        raw = None if head.priority is None else [head.priority, *head.more_priorities]
+        return self._decide(method, path, raw, head.consumer_key, client_host, default)
+
+    @property
+    def key_header(self) -> bytes | None:
+        """The consumer-key header ``read_head`` keeps for ``classify_head`` (None: no keys)."""
+        return self._key_header if self._keys else None
+
+    def _decide(
+        self,
+        method: str,
+        path: str,
+        raw: list[bytes] | None,
+        key: bytes | None,
+        client_host: str | None,
+        default: Priority | None,
+    ) -> tuple[Priority, bool]:
         ignored = False
         if raw is not None:
             if self.is_trusted(client_host):

@@ -1,9 +1,13 @@
 """The request head, read once at admission (pure).
 
-``read_head(target, headers, limits)`` walks the raw ASGI header list once and
-returns what every later stage needs (``RequestHead``: declared length,
-chunked, idempotency key, the raw ``X-Priority`` and ``X-Deadline-Ms``
-values), or raises ``HeaderError`` with the status to answer:
+``read_head(headers, limits, method, key_header)`` walks the raw ASGI header
+list once and returns what every later stage needs (``RequestHead``: declared
+length, chunked, idempotency key, ``Host``, the raw ``X-Priority`` values,
+``X-Deadline-Ms``, the consumer key), or raises ``HeaderError`` with the status
+to answer. Admission calls it once per request (with ``check_target``) and puts
+the value on the context: the classifier, the body, retry and breaker stages
+and the proxy read ``ctx.head`` and never the header list for these values
+(``tests/proxy/test_head_once.py`` counts the walks):
 
 * **400** a request target that is not origin-form (does not start with ``/``:
   ``*``, ``*@host:port/...``, absolute or authority form). Such a target is
@@ -99,6 +103,12 @@ class RequestHead(NamedTuple):
     deadline: bytes | None = None
     #: A body-less request that asked to switch protocols (not switched: served as plain HTTP).
     upgrade: bool = False
+    #: The ``Host`` value (None when absent; it is never given twice).
+    host: bytes | None = None
+    #: Further raw ``X-Priority`` values after the first (the classifier checks they agree).
+    more_priorities: tuple[bytes, ...] = ()
+    #: The first value of the consumer-key header ``read_head`` was asked for (None: absent).
+    consumer_key: bytes | None = None
 
     @property
     def has_body(self) -> bool:
@@ -109,16 +119,23 @@ class RequestHead(NamedTuple):
 NO_HEAD = RequestHead()
 
 
-def check_target(raw_path: bytes | str) -> None:
-    """Refuse a request target that is not origin-form (400)."""
-    if not raw_path or raw_path[0] not in (b"/"[0], "/"):
+def check_target(raw_path: bytes | str | None, path: str = "/") -> None:
+    """Refuse a request target that is not origin-form (400): ``raw_path`` (when the
+    server gave one) and ``path`` both start with ``/``."""
+    if not path.startswith("/") or (raw_path and raw_path[0] not in (b"/"[0], "/")):
         raise HeaderError("request target", "must be origin-form (start with /)")
 
 
 def read_head(
-    headers: Iterable[tuple[bytes, bytes]], limits: HeadLimits, method: str = "GET"
+    headers: Iterable[tuple[bytes, bytes]],
+    limits: HeadLimits,
+    method: str = "GET",
+    key_header: bytes | None = None,
 ) -> RequestHead:
-    """One pass over the raw headers: bounds and framing checked, the interesting values kept."""
+    """One pass over the raw headers: bounds and framing checked, the interesting values kept.
+
+    ``key_header``: a (lower-case) header whose first value is kept as ``consumer_key``.
+    """
     if method == "CONNECT":
         raise HeaderError("method", "CONNECT is not proxied", 405)
     count = size = hosts = 0
@@ -127,19 +144,30 @@ def read_head(
     idempotent = upgrade_asked = upgrade_named = False
     deadline: bytes | None = None
     priority: bytes | None = None
+    host: bytes | None = None
+    key: bytes | None = None
+    more: list[bytes] | None = None
     for name, value in headers:
         count += 1
         size += len(name) + len(value)
+        if name == key_header and key is None:
+            key = value
         if name == _CONTENT_LENGTH:
             length = _same(length, value, "Content-Length")
         elif name == _TRANSFER_ENCODING:
             codings.append(value)
         elif name == _HOST:
             hosts += 1
+            host = value
         elif name == _DEADLINE:
             deadline = _same(deadline, value, "X-Deadline-Ms")
-        elif name == _PRIORITY and priority is None:
-            priority = value
+        elif name == _PRIORITY:
+            if priority is None:
+                priority = value
+            elif more is None:
+                more = [value]
+            else:
+                more.append(value)
         elif name == _IDEMPOTENCY_KEY:
             idempotent = True
         elif name == _CONNECTION:
@@ -150,12 +178,12 @@ def read_head(
     if hosts > 1:
         raise HeaderError("Host", "appears more than once")
     chunked = _chunked(codings, length)
-    head = RequestHead(_length(length, limits), chunked, idempotent, priority, deadline)
-    if upgrade_asked and upgrade_named:
-        if head.has_body:
-            raise HeaderError("Upgrade", "is refused on a request with a body")
-        return RequestHead(head.content_length, False, idempotent, priority, deadline, True)
-    return head
+    size_ = _length(length, limits)
+    upgrade = upgrade_asked and upgrade_named
+    if upgrade and (chunked or size_):
+        raise HeaderError("Upgrade", "is refused on a request with a body")
+    extra = () if more is None else tuple(more)
+    return RequestHead(size_, chunked, idempotent, priority, deadline, upgrade, host, extra, key)
 
 
 def _names_upgrade(value: bytes) -> bool:

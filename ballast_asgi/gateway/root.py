@@ -283,13 +283,16 @@ class Gateway:
 
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""
-        entries = forwarded_entries(scope["headers"])
         client = scope.get("client")
+        peer = client[0] if client else None
+        trusted = self.forwarded.is_trusted(peer)
+        if not (trusted or self.server_may_rewrite):
+            return scope  # nothing reads X-Forwarded-For: the header list is not walked
+        entries = forwarded_entries(scope["headers"])
         if entries and self.server_may_rewrite and rewritten_by_server(client, entries):
             self._warn_rewrite()
             return {**scope, "client": None}
-        peer = client[0] if client else None
-        if not self.forwarded.is_trusted(peer):
+        if not trusted:
             return scope
         out = {**scope, CLIENT_IP_KEY: self.forwarded.client_ip(peer, entries)}
         scheme = self.forwarded.scheme(peer, scope["headers"])

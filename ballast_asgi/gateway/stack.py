@@ -206,7 +206,7 @@ def build_parts(
 
 
 #: Whether ``build_stack`` returns the stages as one ``Pipeline`` (True) or as the
-#: nested middlewares (False); tests run the behaviour suites under both.
+#: nested middlewares (False); both call the same stage objects (test_compositions.py).
 PIPELINE = True
 
 

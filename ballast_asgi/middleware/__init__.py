@@ -3,9 +3,11 @@
 Outermost first: ``AdmissionMiddleware`` -> ``CapacityMiddleware`` ->
 ``BodyMiddleware`` -> ``QueueMiddleware`` -> ``ConcurrencyMiddleware`` ->
 ``RetryMiddleware`` -> ``BreakerMiddleware`` -> (``HandlerMiddleware`` in an
-app) -> your app or the proxy. ``ballast_asgi.gateway.stack.build_stack`` composes
-them from one ``GatewayConfig`` and runs them as one ``Pipeline`` (the same
-stages, their common path in one coroutine per request); import from here to
+app) -> your app or the proxy. Each middleware is a thin ASGI adapter around its
+stage's one decision object (``mw.stage``: ``AdmissionStage``, ``CapacityStage``
+...; ADR 0018). ``ballast_asgi.gateway.stack.build_stack`` composes them from one
+``GatewayConfig`` and runs them as one ``Pipeline``, which calls the same stage
+objects (their common path in one coroutine per request); import from here to
 compose them yourself.
 Imports are lazy: importing this package loads nothing until a name is used.
 """

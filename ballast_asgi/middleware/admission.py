@@ -66,12 +66,11 @@ class EarlyDrop(Protocol):
     def should_drop(self, remaining_s: float, priority: Priority, now: float) -> bool: ...
 
 
-class AdmissionMiddleware:
-    """Deadline admission and request classification."""
+class AdmissionStage:
+    """The admission stage's decisions: the head read once, the route, the tier, the deadline."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         responder: ShedResponder,
         metrics: Metrics,
@@ -87,7 +86,6 @@ class AdmissionMiddleware:
     ) -> None:
         if default_deadline_ms is not None and default_deadline_ms <= 0:
             raise ValueError(f"default_deadline_ms must be > 0, got {default_deadline_ms}")
-        self.app = app
         self.responder = responder
         self.metrics = metrics
         self.default_priority = default_priority
@@ -97,26 +95,18 @@ class AdmissionMiddleware:
         self.limits = limits
         self.failure_statuses = frozenset(failure_statuses)
         self.route_key = route_key
+        self._key_header = None if classifier is None else classifier.key_header
         #: Matches each request to its route (default: automatic groups only).
         self.routes = RouteTable() if routes is None else routes
         self.clock = clock
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Admit, shed, or reject one request."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        entered = await self.enter(scope, receive, send)
-        if entered is not None:
-            await self.app(entered[1], receive, send)
-
     async def enter(
-        self, scope: Scope, receive: Receive, send: Send
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
     ) -> tuple[RequestContext, Scope] | None:
         """The admitted request's context and inner scope; None once it was answered here.
 
-        A malformed head is refused; a shed is acted on (dry-run: the inner app
-        runs here, through ``self.app``).
+        A malformed head is refused; a shed is acted on (dry-run: ``app``, the
+        inner app, runs here).
         """
         admitted = self.admit(scope)
         if isinstance(admitted, HeaderError):
@@ -127,7 +117,7 @@ class AdmissionMiddleware:
             return None
         ctx, child, shed = admitted
         if shed is not None:
-            await self.responder.act(shed, ctx, self.app, child, receive, send)
+            await self.responder.act(shed, ctx, app, child, receive, send)
             return None
         return ctx, child
 
@@ -198,8 +188,8 @@ class AdmissionMiddleware:
         match and an ignored X-Priority are counted as they are read (``admit``);
         False counts nothing, ``count`` does it later (the wire, for a request it answers).
         """
-        head = read_head(headers, self.limits, method)
-        check_target(raw_path)
+        head = read_head(headers, self.limits, method, self._key_header)
+        check_target(raw_path, path)
         routes = self.routes
         route = (
             routes.match(method, path, template) if count else routes.find(method, path, template)
@@ -208,8 +198,8 @@ class AdmissionMiddleware:
             default = self.default_priority if route.priority is None else route.priority
             priority, ignored = parse_priority(head.priority, default), False
         else:
-            priority, ignored = self.classifier.classify(
-                method, path, headers, host, route.priority
+            priority, ignored = self.classifier.classify_head(
+                method, path, head, host, route.priority
             )
             if ignored and count:
                 self.metrics.priority_ignored.inc()
@@ -235,6 +225,43 @@ class AdmissionMiddleware:
         if self.early_drop is not None and self.early_drop.should_drop(remaining_s, priority, now):
             return _EARLY[priority]
         return None
+
+
+class AdmissionMiddleware:
+    """Deadline admission and request classification (``AdmissionStage`` as a middleware)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        responder: ShedResponder,
+        metrics: Metrics,
+        default_priority: Priority = Priority.STANDARD,
+        default_deadline_ms: float | None = None,
+        classifier: Classifier | None = None,
+        early_drop: EarlyDrop | None = None,
+        limits: HeadLimits = HeadLimits(),  # noqa: B008 - frozen value object
+        failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
+        route_key: RouteKey | None = None,
+        routes: RouteTable | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.stage = AdmissionStage(
+            responder=responder, metrics=metrics, default_priority=default_priority,
+            default_deadline_ms=default_deadline_ms, classifier=classifier,
+            early_drop=early_drop, limits=limits, failure_statuses=failure_statuses,
+            route_key=route_key, routes=routes, clock=clock,
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Admit, shed, or reject one request."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entered = await self.stage.enter(self.app, scope, receive, send)
+        if entered is not None:
+            await self.app(entered[1], receive, send)
 
 
 #: The admission sheds, one value per tier (``Shed`` is frozen).

@@ -7,7 +7,7 @@ whether the fused pipeline (``Pipeline``) would shed it *now*, and with which
 the stages decide again as they always do. It walks the pipeline's order and
 asks each stage the question its own code asks, through the same methods:
 
-1. admission (``AdmissionMiddleware.read`` / ``decide``): ``deadline`` (dead on
+1. admission (``AdmissionStage.read`` / ``decide``): ``deadline`` (dead on
    arrival) and ``early_drop``;
 2. rate limit: a request the rate-limit stage decides (``rate_limit.enabled``
    or a route with its own limit) is left to it (its key is resolved from the
@@ -72,7 +72,7 @@ def decide(
     ``(admission, read, now)``; the server puts it in the request's scope under
     ``WIRE_READ`` and admission uses it instead of reading the head again.
     """
-    admission = stages.admission
+    admission = stages.admission.stage
     if admission.responder.dry_run or admission.route_key is not None:
         return None
     now = admission.clock()
@@ -113,31 +113,31 @@ def _after_admission(
     The commits are built only for a shed (a request that goes on costs no closure).
     """
     if stages.ratelimit is not None and (
-        route.rate_limit is not None or stages.ratelimit.runtime.config.enabled
+        route.rate_limit is not None or stages.ratelimit.stage.runtime.config.enabled
     ):
         return None
-    capacity = stages.capacity.capacity
+    capacity = stages.capacity.stage.capacity
     if capacity.would_refuse(priority):
         return Shed(ShedReason.CAPACITY, priority), partial(_refuse_capacity, capacity, priority)
     if has_body:
         return None
-    limiter = stages.concurrency.limiter
+    limiter = stages.concurrency.stage.limiter
     key = limit_key(route, path)
     full = limiter.full(now, key)
     if full is None:
         return None
     if full:
-        queue = stages.queue
+        queue = None if stages.queue is None else stages.queue.stage
         if queue is None:
             return Shed(ShedReason.LIMIT, priority), partial(_take_and_return, limiter, now, key)
         if not queue.queue.would_refuse(priority):
             return None
         commit = partial(_queue_full, limiter, now, key, queue.metrics)
         return Shed(ShedReason.QUEUE_FULL, priority), commit
-    retry = stages.retry
+    retry = None if stages.retry is None else stages.retry.stage
     if retry is not None and retry.replays(route):
         return None
-    breaker = stages.breaker.breakers.get(route.name)
+    breaker = stages.breaker.stage.breakers.get(route.name)
     if breaker.can_acquire(now, host):
         return None
     shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))

@@ -73,12 +73,11 @@ class _OverBudget(Exception):
         self.messages = messages
 
 
-class BodyMiddleware:
-    """Buffer a bounded, replayable request body under a read timeout and minimum rate."""
+class BodyStage:
+    """The body stage's decisions: buffer a bounded, replayable body under a timeout and rate."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         responder: ShedResponder,
         metrics: Metrics,
@@ -96,7 +95,6 @@ class BodyMiddleware:
                 f"min_rate_bytes_per_s >= 1, got {replay_max_bytes}, {read_timeout_ms}, "
                 f"{min_rate_bytes_per_s}"
             )
-        self.app = app
         self._responder = responder
         self._metrics = metrics
         self._bytes = byte_budget if byte_budget is not None else ByteBudget(2**62)
@@ -107,14 +105,10 @@ class BodyMiddleware:
         self._clock = clock
         self._wait = wait
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        ctx = find_context(scope)
-        if ctx is None or not ctx.head.has_body:
-            await self.app(scope, receive, send)
-            return
+    async def run(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
+    ) -> None:
+        """Read the body of a request that has one, then run ``app`` (or refuse, or shed)."""
         held: list[int] = [0]
         try:
             messages = await self._buffer(receive, held)
@@ -129,12 +123,12 @@ class BodyMiddleware:
             shed = Shed(ShedReason.CAPACITY, ctx.priority)
             inner = self._inner_receive(ctx, over.messages, receive)
             try:  # the bytes held so far go back when the request ends
-                await self._responder.act(shed, ctx, self.app, scope, inner, send)
+                await self._responder.act(shed, ctx, app, scope, inner, send)
             finally:
                 self._bytes.release(held[0])
             return
         try:
-            await self.app(scope, self._inner_receive(ctx, messages, receive), send)
+            await app(scope, self._inner_receive(ctx, messages, receive), send)
         finally:
             self._bytes.release(held[0])
 
@@ -183,3 +177,37 @@ class BodyMiddleware:
             return await self._next(receive, self._gap_s, "stream")
 
         return replay(messages, stream)
+
+
+class BodyMiddleware:
+    """The request body read before the queue (``BodyStage`` as a middleware)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        responder: ShedResponder,
+        metrics: Metrics,
+        byte_budget: ByteBudget | None = None,
+        replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
+        max_body_bytes: int | None = None,
+        read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS,
+        min_rate_bytes_per_s: int = DEFAULT_MIN_RATE_BYTES_PER_S,
+        clock: Clock = time.monotonic,
+        wait: Wait = wait_for,
+    ) -> None:
+        self.app = app
+        self.stage = BodyStage(
+            responder=responder, metrics=metrics, byte_budget=byte_budget,
+            replay_max_bytes=replay_max_bytes, max_body_bytes=max_body_bytes,
+            read_timeout_ms=read_timeout_ms, min_rate_bytes_per_s=min_rate_bytes_per_s,
+            clock=clock, wait=wait,
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass a body-less request on; read the body of one that has it first."""
+        ctx = find_context(scope) if scope["type"] == "http" else None
+        if ctx is None or not ctx.head.has_body:
+            await self.app(scope, receive, send)
+            return
+        await self.stage.run(self.app, scope, receive, send, ctx)

@@ -57,12 +57,11 @@ from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 
 
-class BreakerMiddleware:
-    """Shed while the request's breaker is open; feed it each attempt's verdict."""
+class BreakerStage:
+    """The breaker stage's decisions: a ticket per attempt, the ``breaker_open`` shed, verdicts."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         breaker: Breaker | BreakerSet,
         responder: ShedResponder,
@@ -70,7 +69,6 @@ class BreakerMiddleware:
         failure_statuses: Collection[int] | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        self.app = app
         self.breakers = breaker if isinstance(breaker, BreakerSet) else _single(breaker)
         self._responder = responder
         self._clock = clock
@@ -85,14 +83,10 @@ class BreakerMiddleware:
         """Whether another attempt of this request would get a ticket (the retry gate)."""
         return self.breakers.get(_key(ctx)).can_acquire(now)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        ctx = find_context(scope)
-        if ctx is not None and ctx.would_shed:  # dry-run: admitted outside every limit
-            await self.app(scope, receive, send)
-            return
+    async def attempt(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext | None
+    ) -> None:
+        """One attempt through ``app`` under a ticket, or the ``breaker_open`` shed."""
         breaker = self.breakers.get(_key(ctx))
         now = self._clock()
         client = client_ip(scope)
@@ -101,7 +95,7 @@ class BreakerMiddleware:
             priority = self._responder.priority_of(ctx)
             shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
             self._hand_back_permit(ctx, now)
-            await self._responder.act(shed, ctx, self.app, scope, receive, send)
+            await self._responder.act(shed, ctx, app, scope, receive, send)
             return
         failure_statuses = self._failure_statuses
 
@@ -111,14 +105,15 @@ class BreakerMiddleware:
                 if ctx is None:
                     self._settle(ticket, status_outcome(status, failure_statuses), client)
                 else:
-                    ctx.record_status(status)
+                    if ctx.outcome is None:  # the producer (proxy, handler) recorded it before
+                        ctx.record_status(status)
                     self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR, client)
                     if ctx.learn_route is not None and ctx.outcome in _ANSWERED:
                         ctx.learn_route(scope["path"], status)  # on ``other``: known segment?
             return send(message)
 
         try:
-            await self.app(scope, receive, settle_at_head)
+            await app(scope, receive, settle_at_head)
         finally:
             if not ticket.settled:
                 recorded = None if ctx is None else ctx.outcome
@@ -144,6 +139,36 @@ class BreakerMiddleware:
         if ctx is not None and ctx.permit is not None:
             permit, ctx.permit = ctx.permit, None
             permit.release(Outcome.IGNORED, now)
+
+
+class BreakerMiddleware:
+    """Shed while the breaker is open; feed it each attempt's verdict (``BreakerStage``)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        breaker: Breaker | BreakerSet,
+        responder: ShedResponder,
+        metrics: Metrics,
+        failure_statuses: Collection[int] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.stage = BreakerStage(
+            breaker=breaker, responder=responder, metrics=metrics,
+            failure_statuses=failure_statuses, clock=clock,
+        )  # fmt: skip
+        #: The retry stage's gate (``RetryMiddleware(gate=...)``).
+        self.admits = self.stage.admits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One attempt under a ticket; non-HTTP and dry-run admitted requests pass through."""
+        ctx = find_context(scope) if scope["type"] == "http" else None
+        if scope["type"] != "http" or (ctx is not None and ctx.would_shed):
+            await self.app(scope, receive, send)  # dry-run: admitted outside every limit
+            return
+        await self.stage.attempt(self.app, scope, receive, send, ctx)
 
 
 #: Outcomes whose head came from the upstream (or the app), not from the proxy's own 502/504.

@@ -30,13 +30,30 @@ from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import ShedResponder
 
 
+class CapacityStage:
+    """The capacity stage's decisions: enter, leave, and the ``capacity`` shed."""
+
+    __slots__ = ("capacity", "responder")
+
+    def __init__(self, capacity: Capacity, responder: ShedResponder) -> None:
+        self.capacity = capacity
+        self.responder = responder
+
+    async def refuse(
+        self, ctx: RequestContext | None, priority: Priority, app: ASGIApp, scope: Scope,
+        receive: Receive, send: Send,
+    ) -> None:  # fmt: skip
+        """Act on the ``capacity`` shed of a request ``try_enter`` refused (dry-run: ``app``)."""
+        shed = Shed(ShedReason.CAPACITY, priority)
+        await self.responder.act(shed, ctx, app, scope, receive, send)
+
+
 class CapacityMiddleware:
-    """The held-requests and buffered-bytes cap."""
+    """The held-requests and buffered-bytes cap (``CapacityStage`` as a middleware)."""
 
     def __init__(self, app: ASGIApp, *, capacity: Capacity, responder: ShedResponder) -> None:
         self.app = app
-        self.capacity = capacity
-        self.responder = responder
+        self.stage = CapacityStage(capacity, responder)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Hold the request while the inner app runs, or shed it with ``capacity``."""
@@ -48,19 +65,12 @@ class CapacityMiddleware:
             await self.app(scope, receive, send)
             return
         priority = Priority.STANDARD if ctx is None else ctx.priority
-        capacity = self.capacity
+        stage = self.stage
+        capacity = stage.capacity
         if not capacity.try_enter(priority):
-            await self.refuse(ctx, priority, scope, receive, send)
+            await stage.refuse(ctx, priority, self.app, scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             capacity.leave()
-
-    async def refuse(
-        self, ctx: RequestContext | None, priority: Priority, scope: Scope, receive: Receive,
-        send: Send,
-    ) -> None:  # fmt: skip
-        """Act on the ``capacity`` shed of a request ``try_enter`` refused."""
-        shed = Shed(ShedReason.CAPACITY, priority)
-        await self.responder.act(shed, ctx, self.app, scope, receive, send)

@@ -16,7 +16,9 @@ Dry-run (``responder.dry_run``): a request over the limit is counted in
 stage already admitted that way (``ctx.would_shed``); nothing is released for
 it, so the limiter's in-flight and samples are exactly enforcement's. The
 breaker stage, when dry-run admits a request it would shed, hands the permit
-back early and clears ``ctx.permit``; the release here is then skipped.
+back early and clears ``ctx.permit``; the release here is then skipped (a
+permit taken off the context without being released goes back IGNORED:
+``finish``, the same call the fused pipeline makes).
 """
 
 from __future__ import annotations
@@ -55,8 +57,34 @@ def finish(permit: Permit, ctx: RequestContext, now: float) -> None:
         permit.release(Outcome.IGNORED, now)
 
 
+class ConcurrencyStage:
+    """The concurrency stage's decisions: take a permit, the ``limit`` shed, the release."""
+
+    __slots__ = ("clock", "limiter", "responder")
+
+    def __init__(
+        self, limiter: Limiter, responder: ShedResponder, metrics: Metrics, clock: Clock
+    ) -> None:
+        self.limiter = limiter
+        self.responder = responder
+        self.clock = clock
+        metrics.bind_limiter(
+            lambda: float(limiter.limit),
+            lambda: float(limiter.inflight),
+            lambda: limiter.rtt_recent_s or 0.0,
+            lambda: limiter.rtt_min_s or 0.0,
+        )
+
+    async def refuse(
+        self, ctx: RequestContext, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Act on the ``limit`` shed of a request that found no free permit (dry-run: ``app``)."""
+        shed = Shed(ShedReason.LIMIT, ctx.priority)
+        await self.responder.act(shed, ctx, app, scope, receive, send)
+
+
 class ConcurrencyMiddleware:
-    """Enforces the concurrency limit around the inner app."""
+    """Enforces the concurrency limit around the inner app (``ConcurrencyStage``)."""
 
     def __init__(
         self,
@@ -68,16 +96,7 @@ class ConcurrencyMiddleware:
         clock: Clock = time.monotonic,
     ) -> None:
         self.app = app
-        self.limiter = limiter
-        self.responder = responder
-        self.metrics = metrics
-        self.clock = clock
-        metrics.bind_limiter(
-            lambda: float(limiter.limit),
-            lambda: float(limiter.inflight),
-            lambda: limiter.rtt_recent_s or 0.0,
-            lambda: limiter.rtt_min_s or 0.0,
-        )
+        self.stage = ConcurrencyStage(limiter, responder, metrics, clock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the inner app under a permit, or shed with ``limit``."""
@@ -85,11 +104,12 @@ class ConcurrencyMiddleware:
             await self.app(scope, receive, send)
             return
         ctx = get_context(scope)
+        stage = self.stage
         permit = ctx.permit
         if permit is None and not ctx.would_shed:
-            permit = self.limiter.try_acquire(self.clock(), limit_route(scope, ctx))
+            permit = stage.limiter.try_acquire(stage.clock(), limit_route(scope, ctx))
             if permit is None:
-                await self.refuse(ctx, scope, receive, send)
+                await stage.refuse(ctx, self.app, scope, receive, send)
                 return
             ctx.permit = permit
         if permit is None:  # dry-run: admitted outside every limit; no permit to release
@@ -98,10 +118,4 @@ class ConcurrencyMiddleware:
         try:
             await self.app(scope, receive, send)
         finally:
-            if ctx.permit is permit:  # else an inner stage handed it back (breaker shed)
-                release(permit, ctx, self.clock())
-
-    async def refuse(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
-        """Act on the ``limit`` shed of a request that found no free permit."""
-        shed = Shed(ShedReason.LIMIT, ctx.priority)
-        await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            finish(permit, ctx, stage.clock())

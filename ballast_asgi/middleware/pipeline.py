@@ -1,24 +1,25 @@
 """Pipeline: the stages ``build_stack`` composes, run by one object (issue 18, hot path).
 
-Composed one by one, every stage is a middleware: one coroutine per stage
-per request, each reading the request context back out of the scope, each
-resumed again every time the request waits for I/O. ``build_stack`` (the
-gateway, ``install``/``wrap``) builds the same middlewares and wraps them in
-a ``Pipeline``, which runs the common path of all of them in sequence in one
-``__call__`` around one call of the innermost stage per attempt:
+Every stage's decisions live in one object, its *stage* (``AdmissionStage``,
+``RateLimitStage``, ``CapacityStage``, ``BodyStage``, ``QueueStage``,
+``ConcurrencyStage``, ``RetryStage``, ``BreakerStage``; ADR 0018). Each
+middleware is a thin ASGI adapter around its stage (``mw.stage``): it finds
+the context, calls the stage and its own inner app. Composed one by one that
+is one coroutine per stage per request, each resumed again every time the
+request waits for I/O. ``build_stack`` (the gateway, ``install``/``wrap``)
+builds the same middlewares and wraps them in a ``Pipeline``, which calls the
+same stage objects in sequence in one ``__call__`` around one call of the
+innermost stage per attempt:
 
     admission -> rate limit (when configured) -> capacity -> permit
     (queue / concurrency) -> retry -> breaker -> inner app
 
-using each stage's own decision methods (``enter``, ``check``,
-``try_enter``, ``try_acquire``, ``begin``/``attempts``, ``finish``) in one
-frame: every coroutine level a request passes through costs it again each
-time it waits. Whatever else a stage does (a malformed head, any shed,
-dry-run, a request body to buffer, a wait in the queue) is handed to that
-stage's middleware, whose inner app is the ordinary chain from there on:
-those paths are the middlewares' own code, byte for byte. Non-HTTP scopes
-(lifespan, websocket) go through the chain. The middlewares stay usable one
-by one, unchanged.
+Wherever a stage runs the rest of the request itself (dry-run admitting a
+would-be shed, a request body to buffer, a wait in the queue, each retry
+attempt), the pipeline hands it the next middleware as its inner app: from
+there on the request runs through the chain. So both compositions run the
+same decisions by construction; ``tests/middleware/test_compositions.py``
+plays one script through both. Non-HTTP scopes (lifespan) go through the chain.
 """
 
 from __future__ import annotations
@@ -60,50 +61,55 @@ class Pipeline:
         self.stages = stages
         #: The same stages as nested middlewares (every other path runs through them).
         self.app = stages.admission
+        self._admission = stages.admission.stage
+        self._capacity = stages.capacity.stage
+        self._concurrency = stages.concurrency.stage
+        self._breaker = stages.breaker.stage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         stages = self.stages
-        entered = await stages.admission.enter(scope, receive, send)
+        entered = await self._admission.enter(stages.admission.app, scope, receive, send)
         if entered is None:
             return
         ctx, scope = entered
         limited = stages.ratelimit
         if limited is not None:
-            send, shed = await limited.check(scope, send)
+            send, shed = await limited.stage.check(scope, send)
             if shed is not None:
-                await limited.responder.act(shed, ctx, limited.app, scope, receive, send)
+                await limited.stage.responder.act(shed, ctx, limited.app, scope, receive, send)
                 return
-        capacity = stages.capacity.capacity
-        if not capacity.try_enter(ctx.priority):
-            await stages.capacity.refuse(ctx, ctx.priority, scope, receive, send)
+        capacity = self._capacity
+        if not capacity.capacity.try_enter(ctx.priority):
+            await capacity.refuse(ctx, ctx.priority, stages.capacity.app, scope, receive, send)
             return
         try:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
-                await stages.body(scope, receive, send)
+                await stages.body.stage.run(stages.body.app, scope, receive, send, ctx)
                 return
-            concurrency = stages.concurrency
+            concurrency = self._concurrency
             now = concurrency.clock()
             permit = concurrency.limiter.try_acquire(now, limit_route(scope, ctx))
             if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
-                if stages.queue is not None:
-                    await stages.queue.wait_then_run(scope, receive, send, ctx, now)
+                queue = stages.queue
+                if queue is not None:
+                    await queue.stage.wait_then_run(queue.app, scope, receive, send, ctx, now)
                 else:
-                    await concurrency.refuse(ctx, scope, receive, send)
+                    await concurrency.refuse(ctx, stages.concurrency.app, scope, receive, send)
                 return
             ctx.permit = permit
             retry = stages.retry
             try:
-                if retry is not None and retry.begin(scope, ctx):
-                    await retry.attempts(scope, receive, send, ctx, stages.breaker)
+                if retry is not None and retry.stage.begin(scope, ctx):
+                    await retry.stage.attempts(stages.breaker, scope, receive, send, ctx)
                 else:
-                    await stages.breaker(scope, receive, send)
+                    await self._breaker.attempt(stages.breaker.app, scope, receive, send, ctx)
             finally:
                 finish(permit, ctx, concurrency.clock())
         finally:
-            capacity.leave()
+            capacity.capacity.leave()
 
     def decide_at_wire(
         self,

@@ -53,13 +53,11 @@ GONE = "client_gone"
 _TIMEOUT_REASONS = (ShedReason.DEADLINE, ShedReason.QUEUE_TIMEOUT)
 
 
-class QueueMiddleware:
-    """Priority queue in front of the concurrency limiter."""
+class QueueStage:
+    """The queue stage's decisions: wait for a permit, or shed (``queue_full``, timeouts)."""
 
     def __init__(
         self,
-        app: ASGIApp,
-        *,
         limiter: Limiter,
         queue: PriorityQueue,
         responder: ShedResponder,
@@ -69,7 +67,6 @@ class QueueMiddleware:
     ) -> None:
         if queue_timeout_ms is not None and queue_timeout_ms <= 0:
             raise ValueError(f"queue_timeout_ms must be > 0, got {queue_timeout_ms}")
-        self.app = app
         self.limiter = limiter
         self.queue = queue
         self.responder = responder
@@ -79,36 +76,25 @@ class QueueMiddleware:
         limiter.set_on_release(self._on_release)
         metrics.bind_queue_depth(queue.depth)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the request now, after a wait, or shed it."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        ctx = get_context(scope)
-        if ctx.permit is None and not ctx.would_shed:
-            now = self.clock()
-            permit = self.limiter.try_acquire(now, limit_route(scope, ctx))
-            if permit is None:
-                await self.wait_then_run(scope, receive, send, ctx, now)
-                return
-            ctx.permit = permit
-        await self._run(scope, receive, send, ctx)
-
-    async def _run(self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext) -> None:
+    async def run(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
+    ) -> None:
+        """Run ``app`` with the permit the request holds; release it IGNORED if ``app`` did not."""
         permit = ctx.permit
         try:
-            await self.app(scope, receive, send)
+            await app(scope, receive, send)
         finally:
             if permit is not None and not permit.released:
                 permit.release(Outcome.IGNORED, self.clock())
 
     async def wait_then_run(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, now: float
-    ) -> None:
-        """No permit was free at ``now``: queue, then run the inner app or shed."""
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext,
+        now: float,
+    ) -> None:  # fmt: skip
+        """No permit was free at ``now``: queue, then run ``app`` or shed (dry-run: ``app``)."""
         if ctx.deadline is not None and ctx.deadline <= now:
             shed = Shed(ShedReason.DEADLINE, ctx.priority)
-            await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            await self.responder.act(shed, ctx, app, scope, receive, send)
             return
         loop = asyncio.get_running_loop()
         timeout_at = None if self.queue_timeout_s is None else now + self.queue_timeout_s
@@ -120,14 +106,15 @@ class QueueMiddleware:
         if not pushed.accepted:
             self.metrics.count_queued("queue_full")
             shed = Shed(ShedReason.QUEUE_FULL, ctx.priority)
-            await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            await self.responder.act(shed, ctx, app, scope, receive, send)
             return
         buffered: list[Message] = []
         result = await self._wait(waiter, receive, buffered, loop)
-        await self._after_wait(scope, replay(buffered, receive), send, ctx, waiter, result)
+        await self._after_wait(app, scope, replay(buffered, receive), send, ctx, waiter, result)
 
     async def _after_wait(
         self,
+        app: ASGIApp,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -146,11 +133,11 @@ class QueueMiddleware:
         if isinstance(result, ShedReason):
             self.metrics.count_queued("timeout" if result in _TIMEOUT_REASONS else "queue_full")
             shed = Shed(result, ctx.priority)
-            await self.responder.act(shed, ctx, self.app, scope, receive, send)
+            await self.responder.act(shed, ctx, app, scope, receive, send)
             return
         self.metrics.count_queued("admitted")
         ctx.permit = result
-        await self._run(scope, receive, send, ctx)
+        await self.run(app, scope, receive, send, ctx)
 
     async def _wait(
         self,
@@ -207,3 +194,37 @@ def _deliver(waiter: Waiter, permit: Permit) -> bool:
         return False
     future.set_result(permit)
     return True
+
+
+class QueueMiddleware:
+    """Priority queue in front of the concurrency limiter (``QueueStage``)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limiter: Limiter,
+        queue: PriorityQueue,
+        responder: ShedResponder,
+        metrics: Metrics,
+        queue_timeout_ms: float | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.stage = QueueStage(limiter, queue, responder, metrics, queue_timeout_ms, clock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request now, after a wait, or shed it."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ctx = get_context(scope)
+        stage = self.stage
+        if ctx.permit is None and not ctx.would_shed:
+            now = stage.clock()
+            permit = stage.limiter.try_acquire(now, limit_route(scope, ctx))
+            if permit is None:
+                await stage.wait_then_run(self.app, scope, receive, send, ctx, now)
+                return
+            ctx.permit = permit
+        await stage.run(self.app, scope, receive, send, ctx)

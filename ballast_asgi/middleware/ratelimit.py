@@ -40,28 +40,14 @@ from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.runtime import RateLimitRuntime
 
 
-class RateLimitMiddleware:
-    """Per-key rate limits (local or shared through Redis)."""
+class RateLimitStage:
+    """The rate-limit stage's decision: admit (with the IETF headers) or refuse."""
 
-    def __init__(
-        self, app: ASGIApp, *, runtime: RateLimitRuntime, responder: ShedResponder
-    ) -> None:
-        self.app = app
+    __slots__ = ("responder", "runtime")
+
+    def __init__(self, runtime: RateLimitRuntime, responder: ShedResponder) -> None:
         self.runtime = runtime
         self.responder = responder
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Decide, then pass the request on or refuse it."""
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                receive = self._closing_on_shutdown(receive)
-            await self.app(scope, receive, send)
-            return
-        send, shed = await self.check(scope, send)
-        if shed is not None:
-            await self.responder.act(shed, find_context(scope), self.app, scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
     async def check(self, scope: Scope, send: Send) -> tuple[Send, Shed | None]:
         """The request's decision: ``send`` (with the headers of an admission) and no shed,
@@ -88,7 +74,9 @@ class RateLimitMiddleware:
         priority = self.responder.priority_of(ctx)
         return send, rate_limit_shed(decision, priority)
 
-    def _closing_on_shutdown(self, receive: Receive) -> Receive:
+    def lifespan(self, receive: Receive) -> Receive:
+        """``receive`` that starts the runtime's loops at startup and closes them at shutdown."""
+
         async def wrapped() -> Message:
             message = await receive()
             if message.get("type") == "lifespan.startup":
@@ -98,6 +86,30 @@ class RateLimitMiddleware:
             return message
 
         return wrapped
+
+
+class RateLimitMiddleware:
+    """Per-key rate limits, local or shared through Redis (``RateLimitStage``)."""
+
+    def __init__(
+        self, app: ASGIApp, *, runtime: RateLimitRuntime, responder: ShedResponder
+    ) -> None:
+        self.app = app
+        self.stage = RateLimitStage(runtime, responder)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Decide, then pass the request on or refuse it."""
+        stage = self.stage
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                receive = stage.lifespan(receive)
+            await self.app(scope, receive, send)
+            return
+        send, shed = await stage.check(scope, send)
+        if shed is not None:
+            await stage.responder.act(shed, find_context(scope), self.app, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def policy_header(limits: Limits) -> bytes:

@@ -93,12 +93,11 @@ class _Policy:
         )
 
 
-class RetryMiddleware:
-    """Retry failed idempotent attempts from a budget, deciding at the response head."""
+class RetryStage:
+    """The retry stage's decisions: whether to retry, each attempt's fate at its head."""
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         budget: RetryBudget,
         metrics: Metrics,
@@ -113,7 +112,6 @@ class RetryMiddleware:
         cfg = config if config is not None else RetryConfig()
         if min_attempt_ms < 0:
             raise ValueError(f"min_attempt_ms must be >= 0, got {min_attempt_ms}")
-        self.app = app
         self._budget = budget
         self._metrics = metrics
         self._gate = gate
@@ -125,25 +123,6 @@ class RetryMiddleware:
         self._sleep = sleep
         self._min_attempt_s = min_attempt_ms / 1000.0
         metrics.retry_budget_balance.set_function(lambda: budget.balance(clock()))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        ctx = find_context(scope)
-        if ctx is None:
-            await self.app(scope, receive, send)
-            return
-        await self.run(scope, receive, send, ctx, self.app)
-
-    async def run(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
-    ) -> None:
-        """Every attempt of the request, each one a call of ``app`` (normally ``self.app``)."""
-        if self.begin(scope, ctx):
-            await self.attempts(scope, receive, send, ctx, app)
-        else:
-            await app(scope, receive, send)
 
     def begin(self, scope: Scope, ctx: RequestContext) -> bool:
         """Whether the request may get several attempts (then counted as an original)."""
@@ -176,7 +155,7 @@ class RetryMiddleware:
         return not (ctx.head.has_body and ctx.body is None)
 
     async def attempts(
-        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, app: ASGIApp
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
     ) -> None:
         """Run ``app`` once per attempt until one is kept (after ``begin``)."""
         inner = receive  # the first attempt reads the request as it comes
@@ -264,7 +243,7 @@ class _Attempt:
     __slots__ = ("_stage", "ctx", "delay_s", "idempotent", "response")
 
     def __init__(
-        self, stage: RetryMiddleware, ctx: RequestContext, send: Send, idempotent: bool
+        self, stage: RetryStage, ctx: RequestContext, send: Send, idempotent: bool
     ) -> None:
         self._stage = stage
         self.ctx = ctx
@@ -300,3 +279,35 @@ class _Attempt:
             return False
         self.delay_s = delay_s
         return True
+
+
+class RetryMiddleware:
+    """Retry failed idempotent attempts from a budget (``RetryStage`` as a middleware)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        budget: RetryBudget,
+        metrics: Metrics,
+        config: RetryConfig | None = None,
+        gate: AttemptGate = _always,
+        byte_budget: ByteBudget | None = None,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+        sleep: Sleep = asyncio.sleep,
+        min_attempt_ms: int = 20,
+    ) -> None:
+        self.app = app
+        self.stage = RetryStage(
+            budget=budget, metrics=metrics, config=config, gate=gate, byte_budget=byte_budget,
+            clock=clock, rng=rng, sleep=sleep, min_attempt_ms=min_attempt_ms,
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Every attempt of the request, each one a call of the inner app."""
+        ctx = find_context(scope) if scope["type"] == "http" else None
+        if ctx is None or not self.stage.begin(scope, ctx):
+            await self.app(scope, receive, send)
+            return
+        await self.stage.attempts(self.app, scope, receive, send, ctx)

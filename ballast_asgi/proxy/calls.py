@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 from aiohttp import ClientTimeout
 
-from ballast_asgi.core.types import RawHeaders, Scope
+from ballast_asgi.config import ProxyConfig
+from ballast_asgi.core.types import Clock, RawHeaders, Scope
+from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.proxy.headers import raw_target
 from ballast_asgi.proxy.transports.aiohttp_transport import (
     AiohttpTransport,
@@ -34,6 +36,33 @@ from ballast_asgi.proxy.upstream import Upstream
 Timeouts = dict[str, Any]
 #: An upstream response head: httpx's, or the aiohttp transport's direct one.
 Response = httpx.Response | DirectResponse
+
+
+def timeouts(seconds: float, config: ProxyConfig) -> Timeouts:
+    """httpx's timeouts for an attempt with ``seconds`` to go (connect capped by the config)."""
+    connect = min(seconds, config.connect_timeout_ms / 1000.0)
+    return {"connect": connect, "read": seconds, "write": seconds, "pool": seconds}
+
+
+def deadline_timeouts(
+    ctx: RequestContext | None, clock: Clock, config: ProxyConfig, default: Timeouts
+) -> tuple[Timeouts | None, bytes | None]:
+    """The attempt's timeouts and X-Deadline-Ms value; (None, None) when the deadline passed.
+
+    ``default`` without a deadline; a request dry-run admitted (``ctx.would_shed``)
+    whose deadline passed is forwarded with 0 ms left under ``default``.
+    """
+    if ctx is None or ctx.deadline is None:
+        return default, None
+    remaining_s = ctx.deadline - clock()
+    if remaining_s <= 0.0:
+        if ctx.would_shed:
+            return default, b"0"
+        return None, None
+    header = str(int(remaining_s * 1000.0)).encode("ascii")
+    out = timeouts(remaining_s, config)
+    out["total"] = remaining_s
+    return out, header
 
 
 def direct_call(
@@ -91,4 +120,7 @@ def httpx_request(
     return request
 
 
-__all__ = ["Response", "Timeouts", "direct_call", "httpx_request"]
+__all__ = [
+    *("Response", "Timeouts", "deadline_timeouts", "direct_call", "httpx_request"),
+    "timeouts",
+]

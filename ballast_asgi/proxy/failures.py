@@ -13,6 +13,7 @@ from __future__ import annotations
 import httpx
 
 from ballast_asgi.core.outcome import AttemptOutcome
+from ballast_asgi.core.types import Clock
 
 #: Kind -> (status, JSON body).
 ERROR_BODIES: dict[str, tuple[int, dict[str, object]]] = {
@@ -48,6 +49,25 @@ def kind_of(exc: BaseException) -> str:
     return "protocol"
 
 
+#: A timeout this close to the request's deadline was the deadline, not the upstream.
+DEADLINE_SLACK_S = 0.002
+
+
+def failure_kind(exc: BaseException, deadline: float | None, clock: Clock) -> str:
+    """``kind_of``, but ``deadline`` when a timeout only enforced the request's own budget."""
+    kind = kind_of(exc)
+    if kind == "timeout" and deadline is not None and clock() >= deadline - DEADLINE_SLACK_S:
+        return "deadline"
+    return kind
+
+
+MISMATCH: dict[str, object] = {
+    "error": "bad_request",
+    "message": "the request body is not the length its head declared",
+    "header": "Content-Length",
+}
+
+
 def status_outcome(status: int) -> AttemptOutcome:
     """A response head's outcome: 5xx is a failure status, anything else a success."""
     return AttemptOutcome.STATUS_5XX if status >= 500 else AttemptOutcome.SUCCESS
@@ -58,4 +78,7 @@ def too_large(limit: int) -> dict[str, object]:
     return {"error": "payload_too_large", "max_body_bytes": limit}
 
 
-__all__ = ["BAD_TARGET", "ERROR_BODIES", "OUTCOMES", "kind_of", "status_outcome", "too_large"]
+__all__ = [
+    *("BAD_TARGET", "ERROR_BODIES", "MISMATCH", "OUTCOMES", "failure_kind", "kind_of"),
+    *("status_outcome", "too_large"),
+]

@@ -22,20 +22,23 @@ from ballast_asgi.proxy.upstream import Upstream
 _REWRITTEN = (b"location", b"content-location")
 
 
-def client_host(scope: Scope) -> bytes | None:
-    """The ``Host`` the client sent (or the server address), None when unknown."""
-    for name, value in scope["headers"]:
-        if name == b"host":
-            return bytes(value)
+def client_host(scope: Scope, host: bytes | None) -> bytes | None:
+    """``host``, the ``Host`` the client sent (``RequestHead.host``), else the server
+    address; None when unknown."""
+    if host is not None:
+        return host
     server = scope.get("server")
     if server and server[1] is not None:
         return f"{server[0]}:{server[1]}".encode("latin-1")
     return None
 
 
-def rewrite_locations(headers: RawHeaders, upstream: Upstream, scope: Scope) -> RawHeaders:
-    """``headers`` with Location/Content-Location moved from the upstream to the gateway."""
-    host = client_host(scope)
+def rewrite_locations(
+    headers: RawHeaders, upstream: Upstream, scope: Scope, host: bytes | None
+) -> RawHeaders:
+    """``headers`` with Location/Content-Location moved from the upstream to the gateway
+    (``host``: the request's ``Host``, from its head)."""
+    host = client_host(scope, host)
     if host is None:
         return headers
     root = scope.get("root_path", "").encode("utf-8")

@@ -221,3 +221,33 @@ async def test_forged_priority_through_admission_middleware() -> None:
             response = await client.get("/home", headers=headers)
         assert response.json() == {"tier": tier}
     assert metrics.registry.get_sample_value("ballast_priority_header_ignored_total") == 1.0
+
+
+_NAMES = [b"x-priority", b"x-api-key", b"host", b"accept", b"x-other"]
+_VALUES = [b"0", b"1", b"critical", b" bulk ", b"gold", b"etl", b"junk", b""]
+
+
+@given(
+    headers=st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(_VALUES)), max_size=6),
+    host=st.sampled_from(["10.0.0.1", "203.0.113.9", None]),
+    path=st.sampled_from(["/", "/batch/x", "/checkout/c"]),
+)
+def test_classify_head_decides_as_classify(
+    headers: list[tuple[bytes, bytes]], host: str | None, path: str
+) -> None:
+    """From the head read once (``read_head`` with the key header), the same tier or error."""
+    from ballast_asgi.core.head import HeadLimits, read_head
+
+    assume(sum(1 for name, _ in headers if name == b"host") <= 1)  # two Hosts: 400 at read
+    clf = _clf()
+    head = read_head(headers, HeadLimits(), "POST", clf.key_header)
+    results = []
+    for decide in (
+        lambda: clf.classify("POST", path, headers, host),
+        lambda: clf.classify_head("POST", path, head, host),
+    ):
+        try:
+            results.append(decide())
+        except HeaderError as exc:
+            results.append((exc.header, exc.status))
+    assert results[0] == results[1]

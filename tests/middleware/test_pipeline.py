@@ -12,7 +12,7 @@ from ballast_asgi.core.outcome import Outcome
 from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.gateway.stack import Parts, build_parts, build_stack
 from ballast_asgi.middleware.admission import AdmissionMiddleware
-from ballast_asgi.middleware.body import BodyMiddleware
+from ballast_asgi.middleware.body import BodyMiddleware, BodyStage
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware
 from ballast_asgi.middleware.context import find_context
@@ -24,8 +24,8 @@ from tests.fakes import StatusUpstream
 
 pytestmark = pytest.mark.anyio
 
-FUSED = (AdmissionMiddleware, CapacityMiddleware, QueueMiddleware, ConcurrencyMiddleware,
-         RetryMiddleware)  # fmt: skip
+FUSED = (AdmissionMiddleware, BodyMiddleware, CapacityMiddleware, QueueMiddleware,
+         ConcurrencyMiddleware, RetryMiddleware)  # fmt: skip
 
 
 def _stack(inner: Any, **config: Any) -> tuple[Any, Parts]:
@@ -104,13 +104,13 @@ async def test_a_body_goes_through_the_body_stage_and_the_chain(
 ) -> None:
     """A request with a body is buffered by the body stage, which runs the chain on."""
     used: list[str] = []
-    original = BodyMiddleware.__call__
+    original = BodyStage.run
 
-    async def counted(self: BodyMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    async def counted(self: BodyStage, app: Any, *args: Any) -> None:
         used.append("body")
-        await original(self, scope, receive, send)
+        await original(self, app, *args)
 
-    monkeypatch.setattr(BodyMiddleware, "__call__", counted)
+    monkeypatch.setattr(BodyStage, "run", counted)
     upstream = StatusUpstream()
     app, parts = _stack(upstream)
     async with _client(app) as client:

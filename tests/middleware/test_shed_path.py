@@ -136,7 +136,7 @@ async def test_admission_sheds_dead_on_arrival_without_a_context() -> None:
     metrics = Metrics()
     inner = Never()
     stage = AdmissionMiddleware(inner, responder=ShedResponder(metrics), metrics=metrics)
-    admitted = stage.admit(_scope(b"0"))
+    admitted = stage.stage.admit(_scope(b"0"))
     assert isinstance(admitted, Shed) and admitted.reason is ShedReason.DEADLINE
     sink = Sink()
     scope = _scope(b"0")

@@ -413,7 +413,7 @@ async def test_lifespan_creates_and_closes_the_client() -> None:
 
     await app({"type": "lifespan"}, receive, send)
     assert replies == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
-    assert app._client is None
+    assert not app.connections.is_open
 
 
 def _with_ctx(app: Any, ctx: RequestContext) -> Any:

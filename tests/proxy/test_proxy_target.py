@@ -203,5 +203,6 @@ def test_location_rewrite(location: bytes, expected: bytes) -> None:
 
     up = Upstream.parse("http://127.0.0.1:9101/base")
     scope = _scope(b"/api/x", root_path="/api", scheme="https")
-    out = rewrite_locations([(b"location", location), (b"x-other", location)], up, scope)
+    headers = [(b"location", location), (b"x-other", location)]
+    out = rewrite_locations(headers, up, scope, b"gw.test")  # the Host from the request head
     assert out == [(b"location", expected), (b"x-other", location)]

@@ -194,3 +194,33 @@ def test_read_head_is_one_pass_over_the_headers() -> None:
     with pytest.raises(HeaderError):
         check_target(b"*")
     check_target(b"/ok")
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "path"),
+    [(b"*", "*"), (b"/ok", "ok"), (None, "http://evil/x"), (b"", "*"), (b"http://e/x", "/x")],
+)
+def test_check_target_wants_both_paths_origin_form(raw_path: bytes | None, path: str) -> None:
+    """Admission's one target check refuses what the proxy's ``origin_form`` refused."""
+    from ballast_asgi.proxy.headers import origin_form
+
+    with pytest.raises(HeaderError) as exc:
+        check_target(raw_path, path)
+    assert exc.value.status == 400
+    assert not origin_form({"raw_path": raw_path, "path": path})
+
+
+def test_read_head_keeps_host_every_priority_and_the_consumer_key() -> None:
+    """One walk keeps Host, each X-Priority value in order and the first consumer key."""
+    headers = [
+        (b"host", b"gw.test"),
+        (b"x-priority", b"critical"),
+        (b"x-api-key", b"gold"),
+        (b"x-priority", b"0"),
+        (b"x-api-key", b"etl"),
+        (b"x-priority", b"bulk"),
+    ]
+    head = read_head(headers, HeadLimits(), "GET", b"x-api-key")
+    assert head.host == b"gw.test" and head.priority == b"critical"
+    assert head.more_priorities == (b"0", b"bulk") and head.consumer_key == b"gold"
+    assert read_head(headers, HeadLimits()).consumer_key is None  # not asked for

@@ -438,7 +438,7 @@ def test_a_request_that_is_not_shed_is_read_once() -> None:
         for side in (ref, wire):
             stack = side.gateway._stack
             assert stack is not None
-            admission = stack.stages.admission  # type: ignore[attr-defined]
+            admission = stack.stages.admission.stage  # type: ignore[attr-defined]
             calls: list[int] = []
             original = admission.read
 

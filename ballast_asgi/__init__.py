@@ -98,6 +98,7 @@ _MOVED = {
     "stack": "gateway.stack",
     "supervisor": "server.supervisor",
     "upstreams.balancer": "upstreams.core.balancer",
+    "upstreams.build": "gateway.pools",
     "upstreams.health": "upstreams.core.health",
     "upstreams.instance": "upstreams.core.instance",
     "upstreams.limit": "upstreams.core.limit",

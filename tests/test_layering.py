@@ -66,7 +66,6 @@ ARROWS: dict[str, set[str]] = {
 PENDING: set[tuple[str, str]] = {
     ("core", "config"),  # TYPE_CHECKING imports of config types (from_config builders)
     ("config", "proxy"),  # config.base validates upstream URLs with proxy.upstream.Upstream
-    ("upstreams", "gateway"),  # upstreams.build/runtime use gateway.stack and gateway.routing
     ("gateway", "server"),  # gateway.root adopts uvicorn (server.serve), reads worker shares
 }
 HEAVY = (

@@ -29,14 +29,14 @@ from ballast_asgi.canary.core.judges import FixedHorizonJudge, SequentialJudge, 
 from ballast_asgi.canary.core.rollout import RampPlan, Rollout, State
 from ballast_asgi.canary.core.split import Split
 from ballast_asgi.canary.log import announce
-from ballast_asgi.canary.pool import canary_selector, canary_urls
+from ballast_asgi.canary.pool import canary_urls
 from ballast_asgi.canary.selector import ASSIGNMENT, CanarySelector
-from ballast_asgi.config.models import CanaryConfig, GatewayConfig
+from ballast_asgi.config.models import CanaryConfig
 from ballast_asgi.core.forwarded import client_ip
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.middleware.responses import send_json
 from ballast_asgi.ops.admin import Route, _allow, _authorized
-from ballast_asgi.proxy.upstream import Selector
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 from ballast_asgi.telemetry.metrics import LATENCY_BUCKETS
 
 TokenFn = Callable[[], "str | None"]
@@ -54,8 +54,10 @@ class CanaryRuntime:
         registry: CollectorRegistry,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
-        gateway: GatewayConfig | None = None,
+        canary: Selector | None = None,
     ) -> None:
+        """``canary``: the canary side's selector (a pool for several URLs, built by the
+        composition, ``gateway.pools.canary_selector``); None: the first URL alone."""
         urls = canary_urls(config.upstream)
         if not urls:
             raise ValueError("canary.upstream is required for a canary")
@@ -77,7 +79,8 @@ class CanaryRuntime:
         split = Split(sticky_header=config.sticky_header, sticky_cookie=config.sticky_cookie,
                       salt=salt, use_request_id=config.sticky_request_id,
                       signed_cookie=config.signed_cookie, rng=rng)  # fmt: skip
-        canary = canary_selector(urls, gateway, clock=clock, rng=rng or random.Random())
+        if canary is None:
+            canary = SingleUpstream(Upstream.parse(urls[0]))
         #: One client's judged outcomes per block are capped (docs/canary.md, threat model).
         self.budget = ClientBudget(config.max_outcomes_per_client, max_clients=config.max_clients)
         self.selector = CanarySelector(stable, canary, self.rollout, split, clock=clock,
@@ -234,25 +237,4 @@ class CanaryAdmin:
         await send_json(send, 200, self._doc())
 
 
-def attach_canary(
-    proxy: Any,
-    config: CanaryConfig,
-    *,
-    registry: CollectorRegistry,
-    clock: Clock = time.monotonic,
-    rng: random.Random | None = None,
-    gateway: GatewayConfig | None = None,
-) -> CanaryRuntime | None:
-    """Wrap ``proxy.selector`` (stable: one upstream or a pool) in the canary split, if any.
-
-    ``gateway``: the whole config, needed when the canary is a pool (a list of URLs).
-    """
-    if config.upstream is None:
-        return None
-    runtime = CanaryRuntime(config, proxy.selector, registry=registry, clock=clock, rng=rng,
-                            gateway=gateway)  # fmt: skip
-    proxy.selector = runtime.selector
-    return runtime
-
-
-__all__ = ["CanaryAdmin", "CanaryMiddleware", "CanaryRuntime", "attach_canary"]
+__all__ = ["CanaryAdmin", "CanaryMiddleware", "CanaryRuntime"]

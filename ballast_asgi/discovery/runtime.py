@@ -2,7 +2,7 @@
 
 ``DiscoveryRuntime(config, apply)`` owns the gateway's etcd side: a
 ``Follower`` that applies each config version through ``apply(instances)``
-(the gateway's atomic swap of its upstream list) and, with
+(the composition's swap of the pool's instances, ``gateway/compose.py``) and, with
 ``discovery.controller: true``, a ``Controller`` that campaigns for the
 service's controller key (docs/adr/0004). ``wrap(app)`` starts both at
 lifespan start-up (or at the first request when no lifespan runs) and stops
@@ -25,7 +25,7 @@ from ballast_asgi.discovery.core.model import ConfigVersion, Instance, Keys
 from ballast_asgi.middleware.responses import send_json
 
 if TYPE_CHECKING:
-    from ballast_asgi.config.models import DiscoveryConfig, GatewayConfig
+    from ballast_asgi.config.models import DiscoveryConfig
     from ballast_asgi.discovery.controller import Controller
     from ballast_asgi.discovery.follower import Follower
 
@@ -70,41 +70,8 @@ class DiscoveryRuntime:
                 wall=wall,
             )
         self.bootstrapped = bootstrapped
-        #: The selector the proxy asks (set by ``for_gateway``).
-        self.selector: Any = None
         self._stop: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
-
-    @classmethod
-    def for_gateway(cls, config: GatewayConfig) -> DiscoveryRuntime:
-        """The runtime of a gateway with ``config.discovery``, over a list selector
-        (the gateway then hands it its pool with ``use_pool``).
-
-        ``config.upstream``, when given, is the list until the first version.
-        """
-        from ballast_asgi.discovery.selector import ListSelector
-
-        assert config.discovery is not None
-        bootstrap = [i.url for i in config.instances]
-        selector = ListSelector(bootstrap)
-        runtime = cls(config.discovery, selector.set_instances, bootstrapped=bool(bootstrap))
-        runtime.selector = selector
-        return runtime
-
-    def use_pool(self, pool: Any, parts: Any) -> None:
-        """Apply versions to the gateway's pool: kept URLs keep their state, new ones start
-        fresh, removed ones leave the rotation and finish what they have (``set_instances``)."""
-        from ballast_asgi.upstreams.core.instance import InstanceSpec
-
-        def apply(instances: Sequence[Instance]) -> None:
-            before = len(pool.pool.instances)
-            pool.selector.set_instances([InstanceSpec(i.url) for i in instances])
-            if pool.checker is not None and pool.checker.started:
-                pool.checker.sync()
-            pool.attach(parts, breaker=len(instances) != before)
-
-        self._apply = apply
-        self.selector = pool.selector
 
     def register_metrics(self, registry: Any) -> None:
         """Add the ``ballast_discovery_*`` series to the gateway's registry."""

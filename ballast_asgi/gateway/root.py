@@ -29,18 +29,17 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 
-from ballast_asgi.canary.asgi import CanaryAdmin, CanaryMiddleware, attach_canary
+from ballast_asgi.canary.asgi import CanaryAdmin, CanaryRuntime
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
-from ballast_asgi.core.classify import Classifier
-from ballast_asgi.core.errors import ConfigError, HeaderError
+from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.forwarded import (
     CLIENT_IP_KEY,
     ForwardedTrust,
@@ -50,10 +49,11 @@ from ballast_asgi.core.forwarded import (
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.shed import Shed, ShedHeaders
 from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
+from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
-from ballast_asgi.gateway.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.gateway.compose import Live, Stack, build_live, compose
+from ballast_asgi.gateway.stack import Parts
 from ballast_asgi.middleware.pipeline import Pipeline
-from ballast_asgi.ops.access_log import AccessLog
 from ballast_asgi.ops.admin import AdminRouter, Route
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
@@ -62,6 +62,7 @@ from ballast_asgi.server.wire import WireShedProtocol
 from ballast_asgi.server.workers import read_live, scale_config
 from ballast_asgi.telemetry.events import emit, events
 from ballast_asgi.telemetry.metrics import Metrics
+from ballast_asgi.upstreams.core.instance import InstanceSpec
 from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
 
 
@@ -82,39 +83,13 @@ class Gateway:
     ) -> None:
         if config.upstream is None and config.discovery is None:
             raise ConfigError("BALLAST_UPSTREAM: not set; the gateway needs an upstream URL")
-        self.config = config
         self.clock = clock
         self.metrics = Metrics(registry)
         self.rng = rng or random.Random()
-        self.parts: Parts = build_parts(config, self.metrics, clock=clock, rng=self.rng)
-        self.discovery = DiscoveryRuntime.for_gateway(config) if config.discovery else None
-        if self.discovery is not None:
-            self.discovery.register_metrics(self.metrics.registry)
-        self.pool = PoolRuntime.build(
+        #: The long-lived pieces (built once; every reload keeps them, ADR 0017).
+        self.pieces: Live = build_live(
             config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport,
-            discovered=self.discovery is not None,
-        )  # fmt: skip
-        self.proxy_app = (
-            self.pool.proxy
-            if self.pool is not None
-            else ProxyApp(
-                config.instances[0].url if config.instances else None,
-                config=config.proxy,
-                transport=transport,
-                metrics=self.metrics,
-                clock=clock,
-                selector=self.discovery.selector if self.discovery else None,
-            )
-        )
-        #: The terminal app (the pool's proxy is wrapped so lifespan runs its probes).
-        self.proxy: ASGIApp = self.pool.app if self.pool is not None else self.proxy_app
-        if self.pool is not None:
-            self.pool.attach(self.parts)
-            if self.discovery is not None:  # versions swap the pool's instances
-                self.discovery.use_pool(self.pool, self.parts)
-        self.canary = attach_canary(
-            self.proxy_app, config.canary, registry=self.metrics.registry, clock=clock, rng=rng,
-            gateway=config,
+            on_version=self._on_version,
         )  # fmt: skip
         self._source = (config_path, env, dict(overrides or {}))
         self.version = 1
@@ -132,47 +107,73 @@ class Gateway:
         #: count, and the count the caps are divided by now (None: by N).
         self.share_path: str | None = None
         self.live: int | None = None
-        self.websockets = WebSocketProxy(
-            config=config.websocket,
-            selector=self.proxy_app.selector,
-            classifier=Classifier(config.priority),
-            metrics=self.metrics,
-            responder=self.parts.responder,
-            ratelimit=self.parts.ratelimit,
-            budget=self.parts.capacity.byte_budget if self.parts.capacity else None,
-            default_priority=config.priority.default,
-            clock=clock,
-        )
-        self._app = self._compose(config)
+        #: The stack requests run through; replaced whole (one assignment) by a reload.
+        self.stack: Stack = compose(config, self.pieces, self._traffic_admin)
 
-    def _compose(self, config: GatewayConfig) -> ASGIApp:
-        terminal: ASGIApp = self.proxy
-        if self.canary is not None:
-            c = config.canary
-            terminal = CanaryMiddleware(self.proxy, self.canary.selector, header=c.version_header,
-                                        cookie=c.signed_cookie,
-                                        cookie_max_age_s=c.signed_cookie_max_age_s)  # fmt: skip
-        logged = config.access_log.enabled
-        inner = AccessLog.inner(terminal) if logged else terminal
-        stack = build_stack(inner, self.parts, config, retries=True)
-        if self.discovery is not None:  # lifespan starts it; 503 until a first version
-            stack = self.discovery.wrap(stack)
-        app = self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
-        #: Requests outside the admin prefix go to ``stack`` directly (one coroutine
-        #: level less, issue 18); with the access log on, everything goes through it.
-        self._router, self._stack = app, (None if logged else stack)
-        return AccessLog(app, classify=self._tier) if logged else app
+    # -- the live pieces and the current stack, by their historical names ----------
+    @property
+    def config(self) -> GatewayConfig:
+        """The config the current stack was built from."""
+        return self.stack.config
 
-    def _tier(self, scope: Scope) -> str | None:
-        """The tier of a request that never reached the terminal app (for the access log)."""
-        client = scope.get("client")
-        try:
-            tier, _ = self.websockets.classifier.classify(
-                scope["method"], scope["path"], scope["headers"], client[0] if client else None
-            )
-        except HeaderError:
-            return None
-        return tier.label
+    @property
+    def parts(self) -> Parts:
+        """The stages' collaborators (limiter, queue, breakers, budget, ...)."""
+        return self.pieces.parts
+
+    @property
+    def pool(self) -> PoolRuntime | None:
+        """The upstream pool (None for a single URL)."""
+        return self.pieces.pool
+
+    @property
+    def discovery(self) -> DiscoveryRuntime | None:
+        """The discovery runtime (None without ``discovery``)."""
+        return self.pieces.discovery
+
+    @property
+    def canary(self) -> CanaryRuntime | None:
+        """The canary (None without ``canary.upstream``)."""
+        return self.pieces.canary
+
+    @property
+    def proxy_app(self) -> ProxyApp:
+        """The terminal proxy."""
+        return self.pieces.proxy_app
+
+    @property
+    def proxy(self) -> ASGIApp:
+        """The terminal app (the pool's proxy is wrapped so lifespan runs its probes)."""
+        return self.pieces.proxy
+
+    @property
+    def websockets(self) -> WebSocketProxy:
+        """The WebSocket relay (upgrades bypass the HTTP stages)."""
+        return self.pieces.websockets
+
+    @property
+    def _app(self) -> ASGIApp:
+        return self.stack.app
+
+    @property
+    def _router(self) -> AdminRouter:
+        return self.stack.router
+
+    @property
+    def _stack(self) -> ASGIApp | None:
+        return self.stack.direct
+
+    def _traffic_admin(self, stack: ASGIApp) -> AdminRouter:
+        return self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
+
+    def _on_version(self, instances: Sequence[Instance]) -> None:
+        """A discovery version: swap the pool's instances, then rebuild the stack (the
+        breakers' scale follows the instance count)."""
+        before = len(self.pieces.pool.pool.instances) if self.pieces.pool else 0
+        self.pieces.set_instances(instances)
+        if len(instances) != before:
+            config = self.config
+            self.stack = compose(config, self.pieces, self._traffic_admin, previous=config)
 
     def _admin(self, app: ASGIApp | None, prefix: str, enabled: Any) -> AdminRouter:
         return AdminRouter(
@@ -242,10 +243,11 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        stack = self.stack  # read once: a request finishes on the stack it started on
         if kind == "http":
             scope = self._peer(scope)
-            if self._stack is not None and self._router.passes(scope):
-                await self._stack(scope, receive, send)  # the admin router's pass-through
+            if stack.direct is not None and stack.router.passes(scope):
+                await stack.direct(scope, receive, send)  # the admin router's pass-through
                 return
         elif kind == "websocket":
             await self.websockets(self._peer(scope), receive, send)
@@ -253,7 +255,7 @@ class Gateway:
         elif kind == "lifespan":
             self._handle_sighup()
             send = freeze_after_startup(send)
-        await self._app(scope, receive, send)
+        await stack.app(scope, receive, send)
 
     def shed_at_wire(
         self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None,
@@ -269,12 +271,13 @@ class Gateway:
         rewritten the client address go the ordinary way. ``memo``: see
         ``middleware/at_wire.py`` (the head read once for a request that is not shed).
         """
-        stack = self._stack
+        current = self.stack  # read once, like a request (ADR 0017)
+        stack = current.direct
         if not isinstance(stack, Pipeline) or self.server_may_rewrite:
             return None
         if self.forwarded.networks and self.forwarded.is_trusted(host):
             return None
-        if not self._router.passes({"path": path, "root_path": root_path}):
+        if not current.router.passes({"path": path, "root_path": root_path}):
             return None
         shed = stack.decide_at_wire(method, path, raw_path, headers, host, memo)
         if shed is None:
@@ -407,13 +410,10 @@ class Gateway:
         except ConfigError as exc:
             self.metrics.config_reloads.labels("error").inc()
             return False, redact_userinfo(str(exc))
-        reconfigure_parts(self.parts, self.config, new, self.clock())
-        if self.pool is not None:  # with discovery, the list stays the applied version's
-            self.pool.reload(new, self.parts, discovered=self.discovery is not None)
-        self.config = new
-        self.websockets.reconfigure(new.websocket)
-        self.websockets.classifier = Classifier(new.priority)
-        self._app = self._compose(new)
+        pool = self.pieces.pool
+        if pool is not None and self.discovery is None:  # with discovery: the version's list
+            pool.set_instances([InstanceSpec(i.url, i.weight) for i in new.instances])
+        self.stack = compose(new, self.pieces, self._traffic_admin, previous=self.config)
         self.version += 1
         self.loaded_at = time.time()
         self.metrics.config_reloads.labels("ok").inc()

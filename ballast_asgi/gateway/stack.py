@@ -52,6 +52,25 @@ from ballast_asgi.telemetry.loop_lag import LoopLagMonitor
 from ballast_asgi.telemetry.metrics import Metrics
 
 
+@dataclass(frozen=True)
+class PoolFacts:
+    """What a stack's limiter and breakers depend on besides the config: the pool.
+
+    ``limit`` builds the gateway-wide limit as the sum of the instances' own
+    (``PoolLimit``; None: the configured algorithm); ``instances`` multiplies
+    the breakers' consecutive-failure rule, so one broken instance among N,
+    whose failures arrive interleaved with the others' successes, cannot open
+    them (the failure-ratio rule still opens them when the pool fails).
+    """
+
+    limit: Callable[[], LimitAlgorithm] | None = None
+    instances: int = 1
+
+
+#: No pool: the configured algorithm, breakers as configured.
+NO_POOL = PoolFacts()
+
+
 @dataclass(eq=False)
 class Parts:
     """The long-lived, stateful collaborators of one stack."""
@@ -70,6 +89,8 @@ class Parts:
     ratelimit: RateLimitRuntime | None = None
     #: The route table (admission matches each request once; bounded).
     routes: RouteTable | None = None
+    #: The pool facts the limiter and breakers were built for.
+    pool: PoolFacts = NO_POOL
 
     @property
     def breaker(self) -> Breaker:
@@ -110,8 +131,8 @@ def make_partition(
 ) -> Callable[[bool], LimitAlgorithm] | None:
     """The per-route algorithm factory (ADR 0016), or None for one limit.
 
-    With an upstream pool and ``upstreams.per_instance_limit`` the pool's
-    ``attach`` replaces it with the per-instance limits (``PoolLimit``).
+    With an upstream pool and ``upstreams.per_instance_limit`` there is none:
+    the per-instance limits are the partitions (``PoolLimit``, ``limiter_for``).
     """
     lc = config.limiter
     if lc.algorithm == "fixed" or not (lc.partition_by_route or own_routes(config)):
@@ -153,14 +174,22 @@ def make_algorithm(
     )
 
 
+def _pool_limit(config: GatewayConfig, pool: PoolFacts) -> LimitAlgorithm | None:
+    """The per-instance limits' sum, when the pool has them and the algorithm adapts."""
+    if pool.limit is None or config.limiter.algorithm == "fixed":
+        return None
+    return pool.limit()
+
+
 def build_parts(
     config: GatewayConfig,
     metrics: Metrics,
     *,
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
+    pool: PoolFacts = NO_POOL,
 ) -> Parts:
-    """Create the collaborators described by ``config``."""
+    """Create the collaborators described by ``config`` (and ``pool``, ADR 0017)."""
     rng = rng or random.Random()
     sc = config.shed
     responder = ShedResponder(
@@ -169,13 +198,14 @@ def build_parts(
     )  # fmt: skip
     cap = config.max_concurrent_requests
     lag = LoopLagMonitor() if config.limiter.subtract_loop_lag else None  # ADR 0010
+    pooled = _pool_limit(config, pool)
     limiter = Limiter(
-        make_algorithm(config, rng),
+        make_algorithm(config, rng) if pooled is None else pooled,
         max_limit=cap,
         loop_lag=lag,
-        partition=make_partition(config, rng),
+        partition=make_partition(config, rng) if pooled is None else None,
         max_partitions=config.limiter.max_routes,
-        own_routes=own_routes(config),
+        own_routes=own_routes(config) if pooled is None else None,
     )
     q = config.admission_queue
     queue = PriorityQueue(
@@ -193,13 +223,14 @@ def build_parts(
         responder=responder,
         limiter=limiter,
         queue=queue,
-        breakers=build_breakers(config, routes),
+        breakers=build_breakers(config, routes, consecutive_scale=pool.instances),
         budget=RetryBudget.from_config(config.retry),
         clock=clock,
         rng=rng,
         capacity=_make_capacity(config),
         ratelimit=ratelimit,
         routes=routes,
+        pool=pool,
     )
     metrics.registry.register(RouteCollector(lambda: (parts.route_table(), parts.breakers), clock))
     return parts
@@ -325,19 +356,31 @@ def _admission(
     )
 
 
-def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now: float) -> None:
-    """Apply a new config to the live collaborators, keeping in-flight state."""
+def reconfigure_parts(
+    parts: Parts,
+    old: GatewayConfig,
+    new: GatewayConfig,
+    now: float,
+    *,
+    pool: PoolFacts | None = None,
+) -> None:
+    """Apply a new config (and pool facts; None: the same as before) to the live
+    collaborators, keeping in-flight state: what ``build_parts`` would build from
+    ``new`` and ``pool``, with the state the ADRs carry over (ADR 0017)."""
+    pool = parts.pool if pool is None else pool
     if (
         new.limiter != old.limiter
         or new.max_concurrent_requests != old.max_concurrent_requests
         or own_routes(new) != own_routes(old)
+        or (pool.limit is None) != (parts.pool.limit is None)
     ):
+        pooled = _pool_limit(new, pool)
         parts.limiter.set_algorithm(
-            make_algorithm(new, parts.rng),
+            make_algorithm(new, parts.rng) if pooled is None else pooled,
             max_limit=new.max_concurrent_requests,
             now=now,
-            partition=make_partition(new, parts.rng),
-            own_routes=own_routes(new),
+            partition=make_partition(new, parts.rng) if pooled is None else None,
+            own_routes=own_routes(new) if pooled is None else None,
         )
         parts.limiter.max_partitions = new.limiter.max_routes
     if new.limiter.subtract_loop_lag != (parts.limiter.loop_lag is not None):
@@ -359,8 +402,14 @@ def reconfigure_parts(parts: Parts, old: GatewayConfig, new: GatewayConfig, now:
         counts = parts.route_table().counts
         parts.routes = build_routes(new)
         parts.routes.counts.update(counts)  # the requests counter keeps counting
-    if new.breaker != old.breaker or new.routes != old.routes or new.auto_routes != old.auto_routes:
-        parts.breakers = build_breakers(new, parts.route_table())
+    if (
+        new.breaker != old.breaker
+        or new.routes != old.routes
+        or new.auto_routes != old.auto_routes
+        or pool.instances != parts.pool.instances
+    ):
+        parts.breakers = build_breakers(new, parts.route_table(), pool.instances)
+    parts.pool = pool
     if new.retry != old.retry:
         parts.budget = RetryBudget.from_config(new.retry)
     if parts.ratelimit is not None and new.rate_limit != old.rate_limit:

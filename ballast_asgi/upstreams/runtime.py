@@ -1,44 +1,31 @@
-"""Composing a pool into the gateway: selector, probes, limits, breaker, snapshot, metrics, reload.
+"""The live pool of a gateway: selector, probes, instance swaps, snapshot, metrics.
 
-``PoolRuntime.build(config, ...)`` returns None for a single upstream URL (the
-gateway then proxies to it as before). For a list it builds the pool, its
-health checker and a ``PoolSelector`` that the ``ProxyApp`` asks for each
-attempt's upstream; ``app`` is that proxy, wrapped so that lifespan starts
-and stops the probes (they also start at the first request when no lifespan
-runs). ``attach(parts)`` adapts the gateway-wide collaborators:
-
-* the gateway-wide limiter enforces the sum of the instances' own limits
-  (``PoolLimit``) when each instance has an adaptive limit of its own;
-* the gateway's breakers' (one per route) consecutive-failure rule is
-  multiplied by the number of instances, so one broken instance (whose
-  failures arrive interleaved with the others' successes, and are ejected
-  after a few) cannot open one; the failure-ratio rule opens it when the pool
-  as a whole fails.
+``PoolRuntime.build(selector, ...)`` wraps the pool the composition built
+(``ballast_asgi.gateway.pools``) with its health checker and metrics; the
+``ProxyApp`` asks the ``PoolSelector`` for each attempt's upstream, and
+``wrap(app)`` has lifespan start and stop the probes (they also start at the
+first request when no lifespan runs). ``set_instances`` swaps the list
+(reload, discovery). How the gateway-wide limiter and breakers adapt to the
+pool (``PoolLimit``, the breakers' consecutive-failure rule scaled by the
+instance count) is decided by the composition, from the config and the
+instance count, every time it builds a stack (``gateway/compose.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-import httpx
-
-from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.gateway.routing import build_breakers
-from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.core.types import ASGIApp, Message, Receive, Scope, Send
 from ballast_asgi.proxy.upstream import Selector
 from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams import metrics as pool_metrics
-from ballast_asgi.upstreams.build import build_pool, specs
 from ballast_asgi.upstreams.checker import HealthChecker
-from ballast_asgi.upstreams.core.limit import PoolLimit
+from ballast_asgi.upstreams.core.instance import InstanceSpec
 from ballast_asgi.upstreams.core.pool import Notify, Pool
 from ballast_asgi.upstreams.selector import PoolSelector
-
-if TYPE_CHECKING:
-    from ballast_asgi.config import GatewayConfig
-    from ballast_asgi.gateway.stack import Parts
 
 #: Stands in for the instances of a discovery gateway until its first config version.
 DISCOVERY_PLACEHOLDER = "http://127.0.0.1:9"
@@ -47,51 +34,35 @@ LEASE_SLACK_S = 5.0
 
 
 class PoolRuntime:
-    """The live pool of one gateway."""
+    """The live pool of one gateway: built once, kept across reloads (its instances'
+    limits, ejections and probe records are state, ADR 0017)."""
 
-    def __init__(
-        self,
-        selector: PoolSelector,
-        checker: HealthChecker | None,
-        proxy: ProxyApp,
-        config: GatewayConfig,
-    ) -> None:
+    def __init__(self, selector: PoolSelector, checker: HealthChecker | None) -> None:
         self.selector = selector
         self.pool = selector.pool
         self.checker = checker
-        self.proxy = proxy
-        self.config = config
-        self.app: ASGIApp = _WithProbes(proxy, self)
 
     @classmethod
     def build(
         cls,
-        config: GatewayConfig,
+        selector: PoolSelector,
         *,
+        health_checks: bool,
         metrics: Metrics,
-        clock: Clock,
         rng: random.Random,
-        transport: httpx.AsyncBaseTransport | None = None,
-        discovered: bool = False,
-    ) -> PoolRuntime | None:
-        """The runtime for a list of instances (or for discovery), or None for a single URL."""
-        if len(config.instances) < 2 and not discovered:
-            return None
-        if not config.instances:  # discovery before its first version: never chosen (503)
-            config = config.model_copy(update={"upstream": DISCOVERY_PLACEHOLDER})
-        pool = build_pool(config, rng)
+    ) -> PoolRuntime:
+        """The runtime around ``selector``'s pool: probes (``health_checks``), metrics."""
+        pool = selector.pool
         pool.notify = _quiet_on_placeholder(pool)
-        checker = HealthChecker(pool, rng=rng) if config.upstreams.health_check.enabled else None
-        max_lease_s = config.proxy.timeout_ms / 1000.0 + LEASE_SLACK_S
-        selector = PoolSelector(pool, clock, max_lease_s=max_lease_s)
-        proxy = ProxyApp(
-            config=config.proxy, transport=transport, metrics=metrics, clock=clock,
-            selector=selector,
-        )  # fmt: skip
-        runtime = cls(selector, checker, proxy, config)
+        checker = HealthChecker(pool, rng=rng) if health_checks else None
+        runtime = cls(selector, checker)
         selector.on_first_use(runtime.start_probes)
-        pool_metrics.register(metrics.registry, lambda: runtime.pool, clock)
+        pool_metrics.register(metrics.registry, lambda: runtime.pool, selector.clock)
         return runtime
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """``app`` with lifespan also starting and stopping the probes."""
+        return _WithProbes(app, self)
 
     # -- probes -----------------------------------------------------------------
     def start_probes(self) -> None:
@@ -104,42 +75,12 @@ class PoolRuntime:
         if self.checker is not None:
             await self.checker.aclose()
 
-    # -- the gateway-wide parts ---------------------------------------------------
-    def attach(self, parts: Parts, *, breaker: bool = True) -> None:
-        """Adapt the gateway-wide limiter and breaker to the pool (see the module docstring)."""
-        cfg = self.config
-        if cfg.upstreams.per_instance_limit and cfg.limiter.algorithm != "fixed":
-            parts.limiter.set_algorithm(
-                PoolLimit(self.pool, self.selector.clock, cfg.max_concurrent_requests),
-                max_limit=cfg.max_concurrent_requests,
-            )
-        if breaker:
-            n = len(self.pool.instances)
-            parts.breakers = build_breakers(cfg, parts.route_table(), consecutive_scale=n)
-
-    def reload(self, new: GatewayConfig, parts: Parts, *, discovered: bool = False) -> None:
-        """Apply a new config to the pool without dropping a request.
-
-        Without discovery the instance list comes from ``new``; with discovery
-        it is the applied version's and stays. Either way the gateway-wide
-        limiter and breaker are adapted to the pool again, since
-        ``reconfigure_parts`` rebuilt them from plain config when their keys
-        changed. The breaker keeps its state unless its settings or the number
-        of instances changed.
-        """
-        old, self.config = self.config, new
-        if not discovered:
-            self.selector.set_instances(specs(new))
-            if self.checker is not None and self.checker.started:
-                self.checker.sync()
-        same_count = discovered or len(new.instances) == len(old.instances)
-        same_policy = (new.breaker, new.routes, new.auto_routes) == (
-            old.breaker,
-            old.routes,
-            old.auto_routes,
-        )
-        same = same_policy and same_count
-        self.attach(parts, breaker=not same)
+    def set_instances(self, specs: Sequence[InstanceSpec]) -> None:
+        """Swap the instance list atomically: kept URLs keep their state, new ones start
+        fresh, removed ones leave the rotation and settle what they have out."""
+        self.selector.set_instances(list(specs))
+        if self.checker is not None and self.checker.started:
+            self.checker.sync()
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The ``upstreams`` list of ``/snapshot`` (empty while discovery's placeholder

@@ -8,7 +8,7 @@ import pytest
 
 from ballast_asgi.config import build_config, load_config
 from ballast_asgi.core.errors import ConfigError
-from ballast_asgi.upstreams.build import build_pool, policy
+from ballast_asgi.gateway.pools import build_pool, policy
 
 
 def test_single_url_unchanged() -> None:

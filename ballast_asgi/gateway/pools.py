@@ -1,19 +1,30 @@
-"""Building a pool from the gateway config (composition helper, no I/O)."""
+"""Pools from the gateway config: the stable pool, an instance's limiter and breaker, the canary.
+
+Composition glue (no I/O): it needs the configured limit algorithm
+(``gateway.stack.make_algorithm``), so it lives with the composition, not in
+``upstreams/`` (ADR 0005: no capability imports the composition). The old
+path ``ballast_asgi.upstreams.build`` is an alias of this module.
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.limit import make_limit
 from ballast_asgi.core.limiter import Limiter
+from ballast_asgi.core.types import Clock
 from ballast_asgi.gateway.stack import make_algorithm
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.upstreams.core.health import HealthPolicy
 from ballast_asgi.upstreams.core.instance import InstanceSpec
 from ballast_asgi.upstreams.core.outlier import OutlierPolicy
 from ballast_asgi.upstreams.core.pool import Pool, PoolPolicy
+from ballast_asgi.upstreams.runtime import LEASE_SLACK_S
+from ballast_asgi.upstreams.selector import PoolSelector
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig
@@ -69,3 +80,23 @@ def instance_breaker(config: GatewayConfig) -> Breaker:
     enabled = config.upstreams.per_instance_breaker and config.breaker.enabled
     update = {"enabled": enabled, "min_failing_clients": 1}
     return Breaker.from_config(config.breaker.model_copy(update=update))
+
+
+def pool_selector(pool: Pool, config: GatewayConfig, clock: Clock) -> PoolSelector:
+    """The proxy's selector over ``pool`` (leases reaped after the longest attempt)."""
+    max_lease_s = config.proxy.timeout_ms / 1000.0 + LEASE_SLACK_S
+    return PoolSelector(pool, clock, max_lease_s=max_lease_s)
+
+
+def canary_selector(
+    urls: Sequence[str], config: GatewayConfig, *, clock: Clock, rng: random.Random
+) -> Selector:
+    """The canary side: one URL, a single upstream; several, a pool built with the
+    gateway's pool settings (``upstreams.*``; docs/canary.md, "The canary as a pool")."""
+    if len(urls) == 1:
+        return SingleUpstream(Upstream.parse(urls[0]))
+    from ballast_asgi.config.models import UpstreamInstance
+
+    instances = tuple(UpstreamInstance(url=u) for u in urls)
+    pool = build_pool(config.model_copy(update={"upstream": instances}), rng)
+    return pool_selector(pool, config, clock)

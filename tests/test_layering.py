@@ -64,8 +64,6 @@ ARROWS: dict[str, set[str]] = {
 }
 #: Arrows that exist today and are being removed (issue 29); each must go, not grow.
 PENDING: set[tuple[str, str]] = {
-    ("core", "config"),  # TYPE_CHECKING imports of config types (from_config builders)
-    ("config", "proxy"),  # config.base validates upstream URLs with proxy.upstream.Upstream
     ("gateway", "server"),  # gateway.root adopts uvicorn (server.serve), reads worker shares
 }
 HEAVY = (

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict
 
 from ballast_asgi.core.redact import redact_userinfo
+from ballast_asgi.core.upstream_url import UpstreamURLError, split_upstream_url
 
 
 class Frozen(BaseModel):
@@ -40,12 +41,10 @@ def check_cidrs(v: tuple[str, ...]) -> tuple[str, ...]:
 def check_url(v: str) -> str:
     """An http(s) base URL with a host, without its trailing slash.
 
-    Checked by the same parser the proxy uses at start-up (``Upstream.parse``:
+    Checked by the same parser the proxy uses at start-up (``split_upstream_url``:
     the port a number in 1..65535, no query or fragment, a usable host), so a
     config that validates also starts (``ballast check-config``).
     """
-    from ballast_asgi.proxy.upstream import Upstream, UpstreamURLError
-
     parts = urlsplit(v)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:9101")
@@ -58,7 +57,7 @@ def check_url(v: str) -> str:
         shown = redact_userinfo(v)
         raise ValueError(f"the port must be a number in 1..65535, got {raw!r} in {shown}")
     try:
-        Upstream.parse(v)
+        split_upstream_url(v)
     except UpstreamURLError as exc:
         raise ValueError(str(exc).removeprefix("upstream: ").removeprefix("upstream ")) from None
     return v.rstrip("/")

@@ -55,7 +55,7 @@ from ballast_asgi.core.breaker_stats import TripStats, check
 from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES as _FAILURE_STATUSES
 
 if TYPE_CHECKING:
-    from ballast_asgi.config import BreakerConfig
+    from ballast_asgi.core.settings import BreakerSettings
 
 
 class BreakerState(enum.StrEnum):
@@ -178,7 +178,7 @@ class Breaker:
         self._listener: TransitionListener | None = None
 
     @classmethod
-    def from_config(cls, config: BreakerConfig) -> Breaker:
+    def from_config(cls, config: BreakerSettings) -> Breaker:
         """Build from the ``breaker`` section of the gateway config."""
         return cls(
             window_ms=config.window_ms,

@@ -50,7 +50,7 @@ from ballast_asgi.core.head import RequestHead
 from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
 
 if TYPE_CHECKING:
-    from ballast_asgi.config import PriorityConfig, PriorityRule
+    from ballast_asgi.core.settings import PriorityRuleSettings, PrioritySettings
 
 __all__ = ["Classifier", "parse_networks"]
 
@@ -70,7 +70,7 @@ def parse_networks(cidrs: Iterable[str]) -> tuple[IPNetwork, ...]:
 class Classifier:
     """Map a request to a ``Priority`` according to a ``PriorityConfig``."""
 
-    def __init__(self, config: PriorityConfig) -> None:
+    def __init__(self, config: PrioritySettings) -> None:
         """Precompute networks, consumer keys and compiled rules from ``config``."""
         self.default: Priority = config.default
         self.trust_all: bool = config.trust_header
@@ -198,7 +198,7 @@ class Classifier:
         return any(addr in net for net in self.networks)
 
 
-def _compile_rule(rule: PriorityRule) -> _Rule:
+def _compile_rule(rule: PriorityRuleSettings) -> _Rule:
     methods = frozenset(m.strip().upper() for m in rule.methods) or None
     regex = re.compile(fnmatch.translate(rule.path))
     return methods, regex.match, rule.priority

@@ -39,7 +39,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ballast_asgi.config import RetryConfig
+    from ballast_asgi.core.settings import RetryBudgetSettings
 
 DEFAULT_BUCKETS = 10
 #: Defaults (``RetryConfig`` references them; see the module docstring).
@@ -132,7 +132,7 @@ class RetryBudget:
         self._denied_total = 0
 
     @classmethod
-    def from_config(cls, config: RetryConfig) -> RetryBudget:
+    def from_config(cls, config: RetryBudgetSettings) -> RetryBudget:
         """Build from the ``retry`` section of the gateway config."""
         return cls(
             budget_ratio=config.budget_ratio,

@@ -48,12 +48,9 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ballast_asgi.core.priority import Priority
-
-if TYPE_CHECKING:
-    from ballast_asgi.config.policy import BreakerConfig, RetryConfig
 
 __all__ = [
     "DEFAULT_MAX_GROUPS",
@@ -102,10 +99,11 @@ class Route:
     deadline_ms: int | None = None
     #: Whether the route gets a limiter partition of its own (``limiter.partition``).
     limiter_partition: bool = False
-    #: The route's breaker settings (the gateway's merged with the route's overrides).
-    breaker: BreakerConfig | None = None
-    #: The route's retry settings (the gateway's merged with the route's overrides).
-    retry: RetryConfig | None = None
+    #: The route's breaker settings (the gateway's merged with the route's overrides;
+    #: the config section, opaque here: the composition builds the breaker from it).
+    breaker: Any = None
+    #: The route's retry settings (likewise; the retry stage reads them).
+    retry: Any = None
     #: The route's own rate limit.
     rate_limit: RouteRateLimit | None = None
     #: The route's path patterns and methods (configured routes; for the snapshot).

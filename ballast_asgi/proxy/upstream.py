@@ -23,22 +23,17 @@ discovered instance list plug in here.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import httpx
 
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.redact import redact_url
+from ballast_asgi.core.upstream_url import DEFAULT_PORTS, UpstreamURLError, split_upstream_url
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-class UpstreamURLError(ValueError):
-    """An upstream URL that is not ``http(s)://host[:port][/base]``; the message is redacted."""
+_DEFAULT_PORTS = DEFAULT_PORTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,26 +56,15 @@ class Upstream:
 
     @classmethod
     def parse(cls, url: str) -> Upstream:
-        """Split ``url``; raises ``UpstreamURLError`` (redacted) when it is not usable."""
-        shown = redact_url(url)
-        try:
-            parts = urlsplit(url.strip())
-            port = parts.port
-        except ValueError as exc:  # e.g. a port that is not a number in 0..65535
-            raise UpstreamURLError(f"upstream: not a valid URL ({exc}): {shown}") from None
-        scheme = parts.scheme.lower()
-        if scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise UpstreamURLError(f"upstream must be an http(s)://host[:port] URL, got {shown}")
-        if parts.query or parts.fragment:
-            raise UpstreamURLError(f"upstream: no query or fragment allowed, got {shown}")
-        host = _wire_host(parts.hostname, shown)
-        base = httpx.URL(scheme=scheme, host=host, path=parts.path or "/").raw_path
+        """Split ``url`` (``core.upstream_url``); raises ``UpstreamURLError`` (redacted)."""
+        parts = split_upstream_url(url)
+        base = httpx.URL(scheme=parts.scheme, host=parts.host, path=parts.path or "/").raw_path
         return cls(
-            scheme=scheme,
-            host=host,
-            port=port if port is not None else _DEFAULT_PORTS[scheme],
+            scheme=parts.scheme,
+            host=parts.host,
+            port=parts.port,
             base_path=base.rstrip(b"/"),
-            _credentials=parts.netloc.rpartition("@")[0] or None,
+            _credentials=parts.credentials,
         )
 
     @property
@@ -145,17 +129,6 @@ def _reference(upstream: Upstream) -> Any:
         ref = ref if "path" in fields and "query" in fields else False
         _REFERENCES[key] = ref
     return ref or None
-
-
-def _wire_host(hostname: str, shown: str) -> str:
-    try:
-        return str(ipaddress.ip_address(hostname))
-    except ValueError:
-        pass
-    try:
-        return hostname.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        raise UpstreamURLError(f"upstream: invalid host name in {shown}") from None
 
 
 class Selector(Protocol):

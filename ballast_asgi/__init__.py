@@ -15,6 +15,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import TYPE_CHECKING
 
+from ballast_asgi.core import adopt as _adopt
 from ballast_asgi.core._lazy import lazy_getattr, moved_modules
 
 if TYPE_CHECKING:
@@ -108,6 +109,24 @@ _MOVED = {
     "workers": "server.workers",
 }
 moved_modules("ballast_asgi", _MOVED)
+
+
+def _adopt_server(app: object, name: str) -> None:
+    """The server package adopts the server loading ``app`` by ``name`` (``core.adopt``)."""
+    from ballast_asgi.server.serve import adopt_loading
+
+    adopt_loading(app, name)
+
+
+def _wire_protocol() -> type:
+    """The server protocol that sheds at the wire (``server.shed_at_wire``)."""
+    from ballast_asgi.server.wire import WireShedProtocol
+
+    return WireShedProtocol
+
+
+_adopt.register(_adopt_server)
+_adopt.provide_protocol("shed_at_wire", _wire_protocol)
 
 __getattr__ = lazy_getattr("ballast_asgi", _LAZY, globals())
 

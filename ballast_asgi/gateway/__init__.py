@@ -9,7 +9,6 @@ stages' collaborators; ``routing`` the route table and its breakers.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from ballast_asgi.gateway.root import (
@@ -28,4 +27,4 @@ def __getattr__(name: str) -> Any:
     """``app`` is built lazily: importing the package never reads the environment."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return lazy_app(sys._getframe(1))
+    return lazy_app()

@@ -73,13 +73,15 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
-from ballast_asgi.core.types import Message, Send
+from ballast_asgi.gateway.root import freeze_after_startup
 from ballast_asgi.server.tls import server_ssl_context, tls_front
 
 __all__ = [
+    "GatewayProtocol",
     "GuardedHttpToolsProtocol",
     "JoinedWrites",
     "QuietServer",
+    "adopt_loading",
     "adopt_uvicorn",
     "freeze_after_startup",
     "guarded_protocol",
@@ -452,28 +454,52 @@ def uvicorn_settings(
     }
 
 
-def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
-    """Apply the gateway's server settings to the uvicorn ``Config`` importing it.
+def adopt_uvicorn(gateway: _Adoptable, config: Any) -> bool:
+    """Apply the gateway's server settings to ``config``, a uvicorn ``Config`` loading it.
 
     ``uvicorn ballast_asgi.gateway:app`` loads the app through ``Config.load``,
     which wraps it in uvicorn's proxy-headers middleware afterwards and sends
-    its own ``date``/``server`` next to the upstream's. Found on the call
-    stack, that config gets: proxy headers off (the gateway decides, see
-    ``proxy.trusted_proxies``), no date/server headers of its own, the guarded
-    httptools protocol (the gateway's ``server_protocol``: shed at the wire),
-    uvicorn's per-request access log off unless
-    ``--access-log`` (or ``UVICORN_ACCESS_LOG``) asked for it (one log record
-    per request was about 7 % of the gateway's CPU at saturation; the
-    gateway's own is ``access_log.enabled``), with ``--ssl-certfile`` the TLS
-    handshake done by ``serve_tls`` (bounded and counted), and the keep-alive and
-    connection cap of the ``server`` section where uvicorn's flags were left
-    at their defaults, and so are the websocket protocol (paced), message size
-    and queue (``websocket_settings``). Returns whether a uvicorn config was found.
+    its own ``date``/``server`` next to the upstream's. That config gets:
+    proxy headers off (the gateway decides, see ``proxy.trusted_proxies``), no
+    date/server headers of its own, the guarded httptools protocol (the
+    gateway's ``server_protocol``: shed at the wire), uvicorn's
+    per-request access log off unless ``--access-log`` (or
+    ``UVICORN_ACCESS_LOG``) asked for it (one log record per request was about
+    7 % of the gateway's CPU at saturation; the gateway's own is
+    ``access_log.enabled``), with ``--ssl-certfile`` the TLS handshake done by
+    ``serve_tls`` (bounded and counted), and the keep-alive and connection cap
+    of the ``server`` section where uvicorn's flags were left at their
+    defaults, and so are the websocket protocol (paced), message size and
+    queue (``websocket_settings``). Returns whether ``config`` was a uvicorn
+    config still loading (adopted once: a second call changes nothing more).
+
+    ``config`` may also be the frame of ``Config.load`` (the old signature):
+    its ``self`` is taken, no other frame is looked at.
     """
-    config = _find_uvicorn_config(frame)
-    if config is None:
+    from uvicorn.config import Config
+
+    if isinstance(config, FrameType):
+        config = config.f_locals.get("self")
+    if not isinstance(config, Config) or config.loaded:
         return False
     server = gateway.server_config
+    gateway.server_may_rewrite = False
+    _headers_off(config)
+    if config.access_log and not _access_log_requested():
+        _access_log_off(config)
+    if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
+        config.http_protocol_class = guarded_protocol(server, gateway.server_protocol)
+    context = getattr(config, "ssl", None)
+    if context is not None:  # --ssl-certfile: the handshake under guards
+        timeout_s = server.header_timeout_ms / 1000.0
+        config.http_protocol_class = tls_front(config.http_protocol_class, context, timeout_s)
+        config.ssl = None
+    _server_caps(config, server, gateway.websocket_config)
+    return True
+
+
+def _headers_off(config: Any) -> None:
+    """No proxy-headers rewrite, no ``date``/``server`` header of uvicorn's own."""
     if config.proxy_headers:
         config.proxy_headers = False
         print(
@@ -481,31 +507,98 @@ def adopt_uvicorn(gateway: _Adoptable, frame: FrameType | None) -> bool:
             "are believed only from proxy.trusted_proxies",
             file=sys.stderr,
         )
-    gateway.server_may_rewrite = False
     config.date_header = False
     config.encoded_headers = [h for h in config.encoded_headers if h[0] != b"server"]
-    if config.access_log and not _access_log_requested():
-        _access_log_off(config)
-    if getattr(config, "http_protocol_class", None) is HttpToolsProtocol:
-        config.http_protocol_class = guarded_protocol(server, gateway.server_protocol)
-    if getattr(config, "ssl", None) is not None:  # --ssl-certfile: the handshake under guards
-        timeout_s = server.header_timeout_ms / 1000.0
-        config.http_protocol_class = tls_front(config.http_protocol_class, config.ssl, timeout_s)
-        config.ssl = None
+
+
+def _server_caps(config: Any, server: ServerConfig, websocket: WebSocketConfig) -> None:
+    """Keep-alive, connection cap, shutdown and websocket settings where uvicorn's
+    flags were left at their defaults (an explicit flag stays)."""
     if config.timeout_keep_alive == _UVICORN_KEEP_ALIVE_S:
         config.timeout_keep_alive = server.keep_alive_ms / 1000.0
     if config.limit_concurrency is None:
         config.limit_concurrency = server.max_connections
     if config.timeout_graceful_shutdown is None:
         config.timeout_graceful_shutdown = server.shutdown_timeout_ms / 1000.0
-    ws = websocket_settings(gateway.websocket_config)
+    ws = websocket_settings(websocket)
     if getattr(config, "ws_protocol_class", None) is _uvicorn_default_ws():
         config.ws_protocol_class = ws["ws"]
     if config.ws_max_size == _UVICORN_WS_MAX_SIZE:
         config.ws_max_size = ws["ws_max_size"]
     if config.ws_max_queue == _UVICORN_WS_MAX_QUEUE:
         config.ws_max_queue = ws["ws_max_queue"]
-    return True
+
+
+def loading_configs(name: str) -> list[Any]:
+    """The uvicorn ``Config`` objects loading the app ``name`` (``module:attribute``) now.
+
+    Found among the live objects (``gc.get_objects``: public API, no stack
+    frames): a ``uvicorn.Config`` whose ``app`` is that string and which is
+    not ``loaded`` yet. Run once or twice per start (each access of the app).
+    """
+    if "uvicorn.config" not in sys.modules:  # no uvicorn here: nothing is loading us
+        return []
+    from uvicorn.config import Config
+
+    return [o for o in gc.get_objects() if type(o) is Config and not o.loaded and o.app == name]
+
+
+def adopt_loading(app: Any, name: str) -> bool:
+    """Adopt every uvicorn config loading ``app`` by ``name`` (``core.adopt``'s adopter)."""
+    adopted = False
+    for config in loading_configs(name):
+        adopted = adopt_uvicorn(app, config) or adopted
+    return adopted
+
+
+def _gateway_of(app: Any) -> Any:
+    """The gateway inside uvicorn's wrappers (proxy headers, message logger), or None."""
+    for _ in range(4):
+        if hasattr(app, "server_config") and hasattr(app, "websocket_config"):
+            return app
+        app = getattr(app, "app", None)
+    return None
+
+
+class GatewayProtocol(GuardedHttpToolsProtocol):
+    """The guarded protocol that adopts the uvicorn config it is constructed with.
+
+    ``uvicorn ballast_asgi.gateway:app --http ballast_asgi.server.serve:GatewayProtocol``:
+    uvicorn passes its ``config`` to every protocol it builds (documented:
+    ``--http`` takes a protocol class path). The first one applies the
+    gateway's server settings to that config (``adopt_uvicorn`` minus what
+    only start-up can change: uvicorn's proxy-headers wrapper is taken off the
+    loaded app, its ``date``/``server`` headers are dropped from the server's
+    default headers); every one takes the head timeout and size cap of the
+    gateway's ``server`` section. With ``--ssl-certfile`` the handshake is
+    uvicorn's (use ``ballast --ssl-certfile``, or the plain form, for the
+    guarded one).
+    """
+
+    def __init__(self, config: Any, server_state: Any, *args: Any, **kwargs: Any) -> None:
+        gateway = _gateway_of(config.loaded_app)
+        if gateway is not None:
+            server = gateway.server_config
+            self.header_timeout_s = server.header_timeout_ms / 1000.0
+            self.max_header_bytes = server.max_header_bytes
+            if not getattr(config, "_ballast_adopted", False):
+                _adopt_loaded(config, server_state, gateway)
+        super().__init__(config, server_state, *args, **kwargs)
+
+
+def _adopt_loaded(config: Any, server_state: Any, gateway: Any) -> None:
+    """``adopt_uvicorn`` for a config already loaded (from the first protocol built)."""
+    config._ballast_adopted = True
+    gateway.server_may_rewrite = False
+    if config.proxy_headers and _gateway_of(config.loaded_app) is not config.loaded_app:
+        config.loaded_app = config.loaded_app.app  # uvicorn's proxy-headers wrapper
+    _headers_off(config)
+    server_state.default_headers = [
+        h for h in server_state.default_headers if h[0] not in (b"date", b"server")
+    ]
+    if config.access_log and not _access_log_requested():
+        _access_log_off(config)
+    _server_caps(config, gateway.server_config, gateway.websocket_config)
 
 
 def _uvicorn_default_ws() -> Any:
@@ -533,32 +626,3 @@ def _access_log_off(config: Any) -> None:
         "access_log.enabled writes the gateway's own JSON line)",
         file=sys.stderr,
     )
-
-
-def _find_uvicorn_config(frame: FrameType | None, depth: int = 8) -> Any:
-    """The ``uvicorn.config.Config`` whose ``load()`` is on the stack, if any."""
-    from uvicorn.config import Config
-
-    while frame is not None and depth > 0:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Config) and not candidate.loaded:
-            return candidate
-        frame, depth = frame.f_back, depth - 1
-    return None
-
-
-def freeze_after_startup(send: Send) -> Send:
-    """``send`` for the lifespan: ``gc.freeze()`` once start-up completed.
-
-    Everything built at start-up (the config, the stages, the proxy, imported
-    modules) moves to the permanent generation, so the cyclic collector no longer
-    walks it on every full collection under load (about 1-2.5 % of the gateway's
-    CPU in a profile, halved by this; issue 18).
-    """
-
-    async def lifespan_send(message: Message) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            gc.freeze()
-        await send(message)
-
-    return lifespan_send

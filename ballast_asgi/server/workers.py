@@ -1,10 +1,11 @@
 """``ballast --workers N``: N processes share the listener, and the gateway-wide caps.
 
 Honest about limits: every cap in the config is gateway-wide, and each worker
-gets ``ceil(cap / N)`` of it (``scale_config``): concurrency (and the limiter's
-initial/min/max), queue size, held requests and buffered bytes, websocket and
-server connections, the upstream pool. The adaptive limiters then move within
-their share. Nothing else is shared between workers (docs/deploy.md).
+gets ``ceil(cap / N)`` of it (``config/workers.py``, ``scale_config``):
+concurrency (and the limiter's initial/min/max), queue size, held requests
+and buffered bytes, websocket and server connections, the upstream pool. The
+adaptive limiters then move within their share. Nothing else is shared
+between workers (docs/deploy.md).
 
 The parent binds the traffic and admin sockets, forks the workers (which
 inherit the traffic socket and serve it with their own gateway) and serves the
@@ -24,63 +25,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ballast_asgi.config import GatewayConfig
+from ballast_asgi.config.workers import SHARE_FILE, read_live, scale_config
 
 __all__ = ["SHARE_FILE", "merge_metrics", "read_live", "scale_config"]
 
-#: In the supervisor's private directory: how many workers are live, written when
-#: one is given up and ``workers.redivide_on_loss`` is on (then SIGUSR1 to each).
-SHARE_FILE = "live-workers"
-
-#: (section, key) of every gateway-wide cap divided between workers.
-_CAPS = (
-    (None, "max_concurrent_requests"),
-    ("limiter", "fixed_limit"),
-    ("limiter", "initial_limit"),
-    ("limiter", "min_limit"),
-    ("limiter", "max_limit"),
-    ("admission_queue", "max_queue_size"),
-    ("capacity", "max_held_requests"),
-    ("capacity", "max_buffered_bytes"),
-    ("websocket", "max_connections"),
-    ("websocket", "max_connections_per_client"),
-    ("server", "max_connections"),
-    ("proxy", "max_connections"),
-)
-#: Caps applied only at start-up (a reload refuses or ignores them): always 1/N.
-_RESTART_ONLY = frozenset({("server", "max_connections"), ("proxy", "max_connections")})
 #: Gauges that do not add up over workers (a latency, a state): the maximum is shown.
 _MAX_MARKERS = ("_seconds", "_state")
-
-
-def scale_config(config: GatewayConfig, workers: int, live: int | None = None) -> GatewayConfig:
-    """The config of one of ``workers`` processes: each gateway-wide cap divided, rounded up.
-
-    ``live`` (``workers.redivide_on_loss``, after a worker was given up): the
-    reloadable caps are divided by the live workers instead; the start-up-only
-    ones (``server``/``proxy`` ``max_connections``) stay divided by ``workers``.
-    """
-    if workers <= 1:
-        return config
-    data = config.model_dump()
-    for section, key in _CAPS:
-        node = data if section is None else data.get(section)
-        share = workers if live is None or (section, key) in _RESTART_ONLY else max(1, live)
-        if isinstance(node, dict) and isinstance(node.get(key), int):
-            node[key] = max(1, math.ceil(node[key] / share))
-    return GatewayConfig.model_validate(data)
-
-
-def read_live(path: str | None) -> int | None:
-    """The live-worker count in ``path`` (None: no file, or not a positive integer)."""
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="ascii") as f:
-            text = f.read(16).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() and len(text) <= 6 and int(text) > 0 else None
 
 
 def merge_metrics(texts: Iterable[str]) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from typing import Any
 
@@ -30,7 +29,7 @@ from ballast_asgi.ratelimit.core.gcra import Decision, Limits
 from ballast_asgi.ratelimit.lease import LeaseLimiter
 from ballast_asgi.ratelimit.redis_mode import RedisLimiter
 from ballast_asgi.ratelimit.sync import SyncLimiter
-from ballast_asgi.server.serve import adopt_uvicorn
+from ballast_asgi.server.serve import adopt_loading
 
 #: A decision or a collection longer than this is kept in the trace.
 SLOW_S = 0.001
@@ -148,5 +147,5 @@ def __getattr__(name: str) -> Any:
 
     if _app is None:
         _app = Traced(gateway.app)
-    adopt_uvicorn(gateway.app, sys._getframe(1))
+    adopt_loading(gateway.app, f"{__name__}:app")
     return _app

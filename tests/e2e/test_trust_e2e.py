@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.e2e.support import (
 )
 
 pytestmark = pytest.mark.e2e
+FORMS = ["cli", "uvicorn", "uvicorn-http"]
 
 
 class Recorder:
@@ -57,13 +59,16 @@ def recorder() -> Iterator[tuple[Recorder, str]]:
 
 @contextmanager
 def gateway(form: str, config: Path) -> Iterator[int]:
-    """The gateway in ``form`` (``cli`` or ``uvicorn``) with default flags: its port."""
+    """The gateway in ``form`` (``cli``, ``uvicorn``, or ``uvicorn-http``: uvicorn with
+    ``--http ballast_asgi.server.serve:GatewayProtocol``) with default flags: its port."""
     port = free_port()
     env = {**os.environ, **NO_BALLAST_ENV, "BALLAST_CONFIG": str(config)}
     if form == "cli":
         args = ["-m", "ballast_asgi", "--port", str(port), "--admin-port", "0"]
     else:
         args = ["-m", "uvicorn", "ballast_asgi.gateway:app", "--port", str(port)]
+        if form == "uvicorn-http":
+            args += ["--http", "ballast_asgi.server.serve:GatewayProtocol"]
     proc = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)
     try:
         wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
@@ -84,7 +89,7 @@ def _metrics(port: int) -> str:
     return httpx.get(f"http://127.0.0.1:{port}/_ballast/metrics").text
 
 
-@pytest.mark.parametrize("form", ["cli", "uvicorn"])
+@pytest.mark.parametrize("form", FORMS)
 def test_forged_forwarded_for_does_not_make_a_client_trusted(
     form: str, tmp_path: Path, recorder: tuple[Recorder, str]
 ) -> None:
@@ -101,7 +106,7 @@ def test_forged_forwarded_for_does_not_make_a_client_trusted(
     assert rec.seen[0][b"x-forwarded-for"] == b"10.1.2.3, 127.0.0.1"
 
 
-@pytest.mark.parametrize("form", ["cli", "uvicorn"])
+@pytest.mark.parametrize("form", FORMS)
 def test_trusted_local_caller_forwarding_xff_stays_trusted(
     form: str, tmp_path: Path, recorder: tuple[Recorder, str]
 ) -> None:
@@ -117,7 +122,7 @@ def test_trusted_local_caller_forwarding_xff_stays_trusted(
     assert rec.seen[0][b"x-forwarded-for"] == b"203.0.113.9, 127.0.0.1"
 
 
-@pytest.mark.parametrize("form", ["cli", "uvicorn"])
+@pytest.mark.parametrize("form", FORMS)
 def test_one_date_and_one_server_the_upstreams(
     form: str, tmp_path: Path, recorder: tuple[Recorder, str]
 ) -> None:
@@ -128,3 +133,16 @@ def test_one_date_and_one_server_the_upstreams(
     assert status_of(response) == 200
     assert header_values(response, b"server") == [b"uvicorn"]  # the upstream's (uvicorn too)
     assert len(header_values(response, b"date")) == 1
+
+
+def test_the_protocol_class_form_caps_the_head(tmp_path: Path) -> None:
+    """``--http ...:GatewayProtocol`` takes server.max_header_bytes from the gateway: an
+    unfinished 10 KB head gets 431 under a 2 KiB cap (uvicorn's default would wait)."""
+    path = tmp_path / "gw.yaml"
+    doc = {"upstream": "http://127.0.0.1:9", "server": {"max_header_bytes": 2048}}
+    path.write_text(json.dumps(doc))
+    with gateway("uvicorn-http", path) as port, socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(10)
+        s.sendall(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * 10_000)
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431")

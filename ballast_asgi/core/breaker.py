@@ -260,6 +260,7 @@ class Breaker:
             if state is BreakerState.OPEN
             else 0.0,
             "next_open_s": self._open_period_s(self._trips + 1),
+            "consecutive_failures_to_open": self.consecutive_failures,
             "trips_in_a_row": self._trips,
             "transitions": self.transitions,
             **self._stats.snapshot(now),

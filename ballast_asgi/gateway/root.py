@@ -34,6 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,10 @@ class Gateway:
     def _app(self) -> ASGIApp:
         return self.stack.app
 
+    @_app.setter
+    def _app(self, app: ASGIApp) -> None:  # tests put a spy in place of the chain
+        self.stack = replace(self.stack, app=app)
+
     @property
     def _router(self) -> AdminRouter:
         return self.stack.router
@@ -165,6 +170,10 @@ class Gateway:
     @property
     def _stack(self) -> ASGIApp | None:
         return self.stack.direct
+
+    @_stack.setter
+    def _stack(self, app: ASGIApp | None) -> None:
+        self.stack = replace(self.stack, direct=app)
 
     def _traffic_admin(self, stack: ASGIApp) -> AdminRouter:
         return self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)

@@ -111,7 +111,7 @@ class LimiterConfig(Frozen):
 class BreakerConfig(Frozen):
     """Circuit breaker."""
 
-    enabled: bool = True
+    enabled: bool = brk.DEFAULT_ENABLED
     window_ms: int = Field(brk.DEFAULT_WINDOW_MS, ge=100, le=600_000)
     failure_ratio: float = Field(brk.DEFAULT_FAILURE_RATIO, gt=0.0, le=1.0)
     min_calls: int = Field(brk.DEFAULT_MIN_CALLS, ge=1, le=100_000)

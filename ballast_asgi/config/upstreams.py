@@ -8,6 +8,12 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ballast_asgi.config.base import Frozen, check_url
 from ballast_asgi.config.canary import CanarySequentialConfig
+from ballast_asgi.upstreams.core.health import HealthPolicy
+from ballast_asgi.upstreams.core.outlier import OutlierPolicy
+from ballast_asgi.upstreams.core.pool import PoolPolicy
+
+#: The cores' defaults, referenced by the sections below (one default per value, ADR 0007).
+_HEALTH, _OUTLIER, _POOL = HealthPolicy(), OutlierPolicy(), PoolPolicy()
 
 
 class EtcdConfig(Frozen):
@@ -84,20 +90,20 @@ class UpstreamInstance(Frozen):
 class HealthCheckConfig(Frozen):
     """Active HTTP probes of each instance (pools only), off the request path."""
 
-    enabled: bool = True
+    enabled: bool = _HEALTH.enabled
     #: Probed with GET within timeout_ms; what passes is ``expect``.
-    path: str = "/health"
+    path: str = _HEALTH.path
     #: below_500: any answer below 500 passes (an app without this path answers 404 and
     #: stays in); 2xx: only 2xx/3xx (an app with a real health endpoint).
-    expect: Literal["below_500", "2xx"] = "below_500"
-    interval_ms: int = Field(500, ge=10, le=600_000)
-    timeout_ms: int = Field(1_000, ge=1, le=60_000)
+    expect: Literal["below_500", "2xx"] = _HEALTH.expect
+    interval_ms: int = Field(_HEALTH.interval_ms, ge=10, le=600_000)
+    timeout_ms: int = Field(_HEALTH.timeout_ms, ge=1, le=60_000)
     #: Passed probes in a row that bring an unhealthy instance back.
-    healthy_threshold: int = Field(2, ge=1, le=100)
+    healthy_threshold: int = Field(_HEALTH.healthy_threshold, ge=1, le=100)
     #: Failed probes in a row that take a healthy instance out.
-    unhealthy_threshold: int = Field(3, ge=1, le=100)
+    unhealthy_threshold: int = Field(_HEALTH.unhealthy_threshold, ge=1, le=100)
     #: Each delay is interval_ms * (1 +/- jitter), drawn at random.
-    jitter: float = Field(0.1, ge=0.0, le=0.5)
+    jitter: float = Field(_HEALTH.jitter, ge=0.0, le=0.5)
 
     @field_validator("path")
     @classmethod
@@ -110,21 +116,21 @@ class HealthCheckConfig(Frozen):
 class OutlierConfig(Frozen):
     """Passive ejection from observed failures (see docs/pool.md)."""
 
-    enabled: bool = True
+    enabled: bool = _OUTLIER.enabled
     #: Gateway failures in a row (connect error, reset, timeout, 502/503/504) that eject.
-    consecutive_failures: int = Field(5, ge=1, le=10_000)
+    consecutive_failures: int = Field(_OUTLIER.consecutive_failures, ge=1, le=10_000)
     #: Success-rate rule: trailing window, evaluation period, minimum calls.
-    window_ms: int = Field(2_000, ge=10, le=600_000)
-    interval_ms: int = Field(250, ge=1, le=600_000)
-    min_requests: int = Field(20, ge=1, le=1_000_000)
+    window_ms: int = Field(_OUTLIER.window_ms, ge=10, le=600_000)
+    interval_ms: int = Field(_OUTLIER.interval_ms, ge=1, le=600_000)
+    min_requests: int = Field(_OUTLIER.min_requests, ge=1, le=1_000_000)
     #: Eject when the success rate is this far below the other instances' (and z-test).
-    success_rate_gap: float = Field(0.2, gt=0.0, le=1.0)
-    z: float = Field(3.0, ge=0.0, le=10.0)
+    success_rate_gap: float = Field(_OUTLIER.success_rate_gap, gt=0.0, le=1.0)
+    z: float = Field(_OUTLIER.z, ge=0.0, le=10.0)
     #: Ejection time: base * (ejections in a row), capped.
-    base_ejection_ms: int = Field(5_000, ge=1, le=3_600_000)
-    max_ejection_ms: int = Field(60_000, ge=1, le=3_600_000)
+    base_ejection_ms: int = Field(_OUTLIER.base_ejection_ms, ge=1, le=3_600_000)
+    max_ejection_ms: int = Field(_OUTLIER.max_ejection_ms, ge=1, le=3_600_000)
     #: At most this share of instances ejected at once (always at least one).
-    max_ejection_percent: float = Field(50.0, ge=0.0, le=100.0)
+    max_ejection_percent: float = Field(_OUTLIER.max_ejection_percent, ge=0.0, le=100.0)
 
     @model_validator(mode="after")
     def _bounds(self) -> OutlierConfig:
@@ -137,11 +143,11 @@ class UpstreamsConfig(Frozen):
     """How a list of upstream instances is balanced and watched."""
 
     #: p2c (power of two choices) or round_robin, both weighted.
-    balancer: Literal["p2c", "round_robin"] = "p2c"
+    balancer: Literal["p2c", "round_robin"] = _POOL.balancer
     #: What p2c compares: requests in flight, or peak-EWMA RTT times that.
-    scoring: Literal["least_outstanding", "peak_ewma"] = "least_outstanding"
+    scoring: Literal["least_outstanding", "peak_ewma"] = _POOL.scoring
     #: Below this share of routable instances, every instance is used.
-    panic_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    panic_threshold: float = Field(_POOL.panic_threshold, ge=0.0, le=1.0)
     #: Each instance gets its own limiter (the limiter section's algorithm).
     per_instance_limit: bool = True
     #: Each instance gets its own breaker (the breaker section's settings).

@@ -80,6 +80,8 @@ DEFAULT_PROBE_TIMEOUT_MS = 2_000
 DEFAULT_FAILURE_STATUSES = tuple(sorted(_FAILURE_STATUSES))
 #: The config's default: failures from 3 distinct clients before a 5xx can open a breaker.
 DEFAULT_MIN_FAILING_CLIENTS = 3
+#: A breaker is on unless the config turns it off.
+DEFAULT_ENABLED = True
 
 
 class Ticket:
@@ -140,7 +142,7 @@ class Breaker:
         half_open_successes: int = DEFAULT_HALF_OPEN_SUCCESSES,
         probe_timeout_ms: int = DEFAULT_PROBE_TIMEOUT_MS,
         failure_statuses: Collection[int] = DEFAULT_FAILURE_STATUSES,
-        enabled: bool = True,
+        enabled: bool = DEFAULT_ENABLED,
         min_failing_clients: int = DEFAULT_MIN_FAILING_CLIENTS,
     ) -> None:
         self._stats = TripStats(

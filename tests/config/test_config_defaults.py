@@ -6,13 +6,18 @@ reference layout rule of a config document (``config/load.py::reference_layout``
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
 import inspect
 import logging
+import pkgutil
 import random
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 from ballast_asgi.config import (
     AdmissionQueueConfig,
@@ -183,3 +188,163 @@ def test_bad_gradient_rules_name_the_key(rules: dict[str, Any], field: str) -> N
     """A bad or unknown limiter.gradient key is a validation error naming it."""
     with pytest.raises(ConfigError, match=field):
         build_config({"limiter": {"gradient": rules}}, require_upstream=False)
+
+
+# -- every section: counterparts found by shared names, each default written once ----
+def _sections() -> dict[str, type[BaseModel]]:
+    """Every config model of ``ballast_asgi.config`` by dotted name."""
+    import ballast_asgi.config as package
+
+    out: dict[str, type[BaseModel]] = {}
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseModel) and obj.__module__ == info.name:
+                out[f"{info.name}.{name}"] = obj
+    return out
+
+
+def _core_classes() -> dict[str, type]:
+    """Every class defined in a pure core (tests/test_layering.py's CORES)."""
+    from tests.test_layering import CORES
+
+    out: dict[str, type] = {}
+    for core in CORES:
+        package = importlib.import_module(f"ballast_asgi.{core}")
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            module = importlib.import_module(info.name)
+            for name, obj in vars(module).items():
+                if inspect.isclass(obj) and obj.__module__ == info.name:
+                    out[f"{info.name}.{name}"] = obj
+    return out
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    try:
+        parameters = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return {}
+    empty = inspect.Parameter.empty
+    return {n: p.default for n, p in parameters.items() if p.default is not empty}
+
+
+#: Sections and the core they configure: the fields they share are the same values.
+COUNTERPARTS = {
+    ("config.policy.AdmissionQueueConfig", "core.queue.PriorityQueue"),
+    ("config.policy.RetryConfig", "core.retry_budget.RetryBudget"),
+    ("config.policy.LimiterConfig", "core.limit.gradient.GradientLimit"),
+    ("config.policy.LimiterConfig", "core.limit.gradient2.Gradient2Limit"),
+    ("config.policy.LimiterConfig", "core.limit.aimd.AIMDLimit"),
+    ("config.policy.LimiterConfig", "core.limit.vegas.VegasLimit"),
+    ("config.policy.GradientConfig", "core.limit.gradient.GradientLimit"),
+    ("config.policy.BreakerConfig", "core.breaker.Breaker"),
+    ("config.server.WebSocketConfig", "core.websocket.RelayLimits"),
+    ("config.upstreams.HealthCheckConfig", "upstreams.core.health.HealthPolicy"),
+    ("config.upstreams.OutlierConfig", "upstreams.core.outlier.OutlierPolicy"),
+    ("config.upstreams.UpstreamsConfig", "upstreams.core.pool.PoolPolicy"),
+    ("config.canary.CanarySequentialConfig", "canary.core.evidence.EvidenceParams"),
+}
+#: Sections that share three or more field names with a core but not their meaning.
+NOT_COUNTERPARTS = {
+    # a route's resolved policy, not defaults: the route holds what the sections resolve to
+    ("config.models.GatewayConfig", "core.routes.Route"),
+    ("config.routes.RouteConfig", "core.routes.Route"),
+    # overrides default to None (inherit the gateway's section), never to a value
+    ("config.routes.RouteBreakerOverrides", "core.breaker.Breaker"),
+    ("config.routes.RouteBreakerOverrides", "upstreams.core.outlier.OutlierPolicy"),
+    ("config.routes.RouteRetryOverrides", "core.retry_budget.RetryBudget"),
+    ("config.routes.RouteRetryOverrides", "client.core.config.ClientConfig"),
+    # a different component with its own defaults (docs/ratelimit.md, docs/client.md)
+    ("config.ratelimit.RedisBreakerConfig", "core.breaker.Breaker"),
+    ("config.policy.RetryConfig", "client.core.config.ClientConfig"),
+    # same names, other things: the outlier's window and failures are not the breaker's
+    ("config.policy.BreakerConfig", "upstreams.core.outlier.OutlierPolicy"),
+    ("config.upstreams.OutlierConfig", "core.breaker.Breaker"),
+    # the canary's split takes the cookie/header names the section validated (no defaults)
+    ("config.upstreams.CanaryConfig", "canary.core.split.Split"),
+}
+
+
+#: Fields of a counterpart pair that differ on purpose (each with why).
+FIELD_EXCEPTIONS = {
+    # the core's None means "no quiet partitions"; the config always asks for some
+    ("config.policy.LimiterConfig", "quiet_limit"): "values",
+    # core/limit/gradient.py is being split by another change: a DEFAULT_ constant for
+    # it lands with that split (the values are equal, checked above)
+    ("config.policy.GradientConfig", "route_baselines"): "written",
+}
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("ballast_asgi.")
+
+
+def _pairs() -> list[tuple[str, type[BaseModel], str, type, set[str]]]:
+    cores = {name: (cls, _defaults(cls)) for name, cls in _core_classes().items()}
+    out = []
+    for mname, model in _sections().items():
+        for cname, (cls, defaults) in cores.items():
+            shared = set(model.model_fields) & set(defaults)
+            if len(shared) >= 3:
+                out.append((_short(mname), model, _short(cname), cls, shared))
+    return out
+
+
+def test_every_section_sharing_names_with_a_core_is_classified() -> None:
+    """A section sharing three or more defaulted names with a core class is a counterpart
+    (its defaults checked below) or listed as not one, with the reason."""
+    found = {(m, c) for m, _, c, _, _ in _pairs()}
+    unknown = found - COUNTERPARTS - NOT_COUNTERPARTS
+    assert not unknown, f"classify these (COUNTERPARTS or NOT_COUNTERPARTS): {sorted(unknown)}"
+    assert found >= COUNTERPARTS, sorted(COUNTERPARTS - found)
+
+
+@pytest.mark.parametrize(("model", "core"), sorted(COUNTERPARTS))
+def test_counterpart_defaults_are_the_core_values(model: str, core: str) -> None:
+    """Every field a section shares with its core has the core's default."""
+    pair = next(p for p in _pairs() if (p[0], p[2]) == (model, core))
+    _, section, _, cls, shared = pair
+    defaults = _defaults(cls)
+    wrong = {
+        f: (section.model_fields[f].default, defaults[f])
+        for f in sorted(shared)
+        if FIELD_EXCEPTIONS.get((model, f)) != "values"
+        and defaults[f] is not _NESTED  # a nested section: its own pair
+        and section.model_fields[f].default not in (defaults[f], PydanticUndefined)
+    }
+    assert not wrong, f"{model} vs {core}: {wrong}"
+
+
+#: What a dataclass signature shows for a ``field(default_factory=...)``.
+_NESTED: Any = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
+
+
+@pytest.mark.parametrize(("model", "core"), sorted(COUNTERPARTS))
+def test_counterpart_defaults_are_written_once(model: str, core: str) -> None:
+    """A section writes no literal default for a field its core defines: it references
+    the core's (``DEFAULT_*``, or the core's own default), so the two cannot drift."""
+    pair = next(p for p in _pairs() if (p[0], p[2]) == (model, core))
+    _, section, _, _, shared = pair
+    tree = ast.parse(inspect.getsource(section))
+    literal = sorted(
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id in shared
+        and FIELD_EXCEPTIONS.get((model, node.target.id)) is None
+        and node.value is not None
+        and _is_literal(node.value)
+    )
+    assert not literal, f"{model} writes the default of {literal} again (use {core}'s)"
+
+
+def _is_literal(value: ast.expr) -> bool:
+    """A constant (or a tuple of them), bare or as ``Field``'s first argument."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Field":
+        if not value.args:
+            return False
+        value = value.args[0]
+    if isinstance(value, ast.Tuple):
+        return all(isinstance(e, ast.Constant) for e in value.elts)
+    return isinstance(value, ast.Constant) and value.value is not None

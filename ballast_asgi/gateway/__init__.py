@@ -11,14 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast_asgi.gateway.root import (
-    TRUST_EVENT,
-    Gateway,
-    build_gateway,
-    from_env,
-    lazy_app,
-    warn_header_trust,
-)
+from ballast_asgi.gateway.entry import TRUST_EVENT, from_env, lazy_app, warn_header_trust
+from ballast_asgi.gateway.root import Gateway, build_gateway
 
 __all__ = ["TRUST_EVENT", "Gateway", "build_gateway", "from_env", "warn_header_trust"]
 

@@ -45,7 +45,7 @@ from ballast_asgi.canary.asgi import CanaryAdmin, CanaryRuntime
 from ballast_asgi.config import GatewayConfig, load_config
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.config.workers import read_live, scale_config
-from ballast_asgi.core.adopt import adopt, protocol
+from ballast_asgi.core.adopt import protocol
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.forwarded import (
     CLIENT_IP_KEY,
@@ -64,7 +64,7 @@ from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.admin import AdminRouter, Route
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy
-from ballast_asgi.telemetry.events import emit, events
+from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams.core.instance import InstanceSpec
 from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
@@ -448,56 +448,6 @@ def _check_reloadable(old: GatewayConfig, new: GatewayConfig, *, pooled: bool) -
 
 #: Build the whole gateway from one config object (the composition root's entry point).
 build_gateway = Gateway
-
-
-#: The start-up line while any client may choose its own tier.
-TRUST_EVENT = "priority.header_trusted_from_anyone"
-
-
-def warn_header_trust(config: GatewayConfig) -> bool:
-    """One start-up warning when ``priority.trust_header`` is true (the default): any
-    client can send ``X-Priority: critical``. True when the line was written."""
-    if not config.priority.trust_header:
-        return False
-    return events.emit(
-        TRUST_EVENT,
-        "warning",
-        fix="set priority.trust_header: false and list priority.trusted_networks",
-        trusted_networks=len(config.priority.trusted_networks),
-    )
-
-
-def from_env(env: Mapping[str, str] | None = None) -> Gateway:
-    """Build the gateway from the environment (``BALLAST_*``)."""
-    env = dict(os.environ if env is None else env)
-    return build_gateway(load_config(env=env), env=env)
-
-
-_app: Gateway | None = None
-
-
-#: The name servers load the standalone gateway by (SPEC).
-APP_NAME = "ballast_asgi.gateway:app"
-
-
-def lazy_app() -> Gateway:
-    """``ballast_asgi.gateway.app``: built from the environment on first access.
-
-    Every access asks the registered adopters (``core.adopt``; the server
-    package's finds the uvicorn config loading ``APP_NAME``) to adopt the
-    server: uvicorn's CLI imports the app once before ``Config.load()`` and
-    again inside it (after computing its default headers and protocol class).
-    """
-    global _app
-    if _app is None:
-        try:
-            _app = from_env()
-            warn_header_trust(_app.config)
-        except ConfigError as exc:
-            print(f"ballast: {redact_userinfo(str(exc))}", file=sys.stderr)
-            raise SystemExit(2) from None
-    adopt(_app, APP_NAME)
-    return _app
 
 
 def freeze_after_startup(send: Send) -> Send:

@@ -10,7 +10,7 @@ from ballast_asgi.config.base import Frozen, check_url
 from ballast_asgi.config.canary import CanarySequentialConfig
 from ballast_asgi.upstreams.core.health import HealthPolicy
 from ballast_asgi.upstreams.core.outlier import OutlierPolicy
-from ballast_asgi.upstreams.core.pool import PoolPolicy
+from ballast_asgi.upstreams.core.pool_policy import PoolPolicy
 
 #: The cores' defaults, referenced by the sections below (one default per value, ADR 0007).
 _HEALTH, _OUTLIER, _POOL = HealthPolicy(), OutlierPolicy(), PoolPolicy()

@@ -1,4 +1,4 @@
-"""Compose once, reload as rebuild (ADR 0017): the gateway's stack as a function of its config.
+"""Compose once, reload as rebuild (ADR 0019): the gateway's stack as a function of its config.
 
 Two kinds of objects make a gateway:
 

@@ -3,7 +3,7 @@
 ``app`` is built on first access from ``BALLAST_*`` (``from_env``); a bad
 setting stops the server at start-up with one line naming it. Every access
 asks the adopters registered in ``core.adopt`` to adopt the server loading
-it (the server package's finds uvicorn's config by the app's name; ADR 0017).
+it (the server package's finds uvicorn's config by the app's name; ADR 0019).
 ``warn_header_trust`` is the start-up warning while any client may choose its
 own tier.
 """

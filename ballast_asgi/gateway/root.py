@@ -90,7 +90,7 @@ class Gateway:
         self.clock = clock
         self.metrics = Metrics(registry)
         self.rng = rng or random.Random()
-        #: The long-lived pieces (built once; every reload keeps them, ADR 0017).
+        #: The long-lived pieces (built once; every reload keeps them, ADR 0019).
         self.pieces: Live = build_live(
             config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport,
             on_version=self._on_version,
@@ -283,7 +283,7 @@ class Gateway:
         rewritten the client address go the ordinary way. ``memo``: see
         ``middleware/at_wire.py`` (the head read once for a request that is not shed).
         """
-        current = self.stack  # read once, like a request (ADR 0017)
+        current = self.stack  # read once, like a request (ADR 0019)
         stack = current.direct
         if not isinstance(stack, Pipeline) or self.server_may_rewrite:
             return None

@@ -189,7 +189,7 @@ def build_parts(
     rng: random.Random | None = None,
     pool: PoolFacts = NO_POOL,
 ) -> Parts:
-    """Create the collaborators described by ``config`` (and ``pool``, ADR 0017)."""
+    """Create the collaborators described by ``config`` (and ``pool``, ADR 0019)."""
     rng = rng or random.Random()
     sc = config.shed
     responder = ShedResponder(
@@ -366,7 +366,7 @@ def reconfigure_parts(
 ) -> None:
     """Apply a new config (and pool facts; None: the same as before) to the live
     collaborators, keeping in-flight state: what ``build_parts`` would build from
-    ``new`` and ``pool``, with the state the ADRs carry over (ADR 0017)."""
+    ``new`` and ``pool``, with the state the ADRs carry over (ADR 0019)."""
     pool = parts.pool if pool is None else pool
     if (
         new.limiter != old.limiter

@@ -35,7 +35,7 @@ LEASE_SLACK_S = 5.0
 
 class PoolRuntime:
     """The live pool of one gateway: built once, kept across reloads (its instances'
-    limits, ejections and probe records are state, ADR 0017)."""
+    limits, ejections and probe records are state, ADR 0019)."""
 
     def __init__(self, selector: PoolSelector, checker: HealthChecker | None) -> None:
         self.selector = selector

@@ -241,7 +241,7 @@ COUNTERPARTS = {
     ("config.server.WebSocketConfig", "core.websocket.RelayLimits"),
     ("config.upstreams.HealthCheckConfig", "upstreams.core.health.HealthPolicy"),
     ("config.upstreams.OutlierConfig", "upstreams.core.outlier.OutlierPolicy"),
-    ("config.upstreams.UpstreamsConfig", "upstreams.core.pool.PoolPolicy"),
+    ("config.upstreams.UpstreamsConfig", "upstreams.core.pool_policy.PoolPolicy"),
     ("config.canary.CanarySequentialConfig", "canary.core.evidence.EvidenceParams"),
 }
 #: Sections that share three or more field names with a core but not their meaning.

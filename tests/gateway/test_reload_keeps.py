@@ -1,4 +1,4 @@
-"""A reload that changes unrelated keys keeps every configured behaviour (ADR 0017, issue 29).
+"""A reload that changes unrelated keys keeps every configured behaviour (ADR 0019, issue 29).
 
 One test per capability: each builds a gateway from a YAML file, changes
 ``limiter.window_ms`` and ``breaker.open_ms`` only, reloads, and checks that
@@ -57,7 +57,7 @@ def _chain_breakers(gw: Gateway) -> BreakerSet:
     app: Any = gw.stack.direct
     while not hasattr(app, "stages"):
         app = app.app
-    breakers: BreakerSet = app.stages.breaker.breakers
+    breakers: BreakerSet = app.stages.breaker.stage.breakers
     return breakers
 
 

@@ -142,6 +142,10 @@ class Metrics:
             for p in ALL_PRIORITIES
         }
         self._requests = {p: self.requests.labels(p.label) for p in ALL_PRIORITIES}
+        # The two counters every shed increments (issue 31): their value's own ``inc``,
+        # bound once (``Counter.inc`` adds an observability check and a sign check per call).
+        self._shed_inc = {k: _adder(c) for k, c in self._shed.items()}
+        self._requests_inc = {p: _adder(c) for p, c in self._requests.items()}
         self._queued = {o: self.queued.labels(o) for o in QUEUE_OUTCOMES}
         self._queue_wait = {p: self.queue_wait.labels(p.label) for p in ALL_PRIORITIES}
         self._retries = {r_: self.retries.labels(r_) for r_ in RETRY_RESULTS}
@@ -150,7 +154,7 @@ class Metrics:
     # -- hot path -----------------------------------------------------------
     def count_shed(self, reason: ShedReason, priority: Priority) -> None:
         """Count one shed request."""
-        self._shed[(reason, priority)].inc()
+        self._shed_inc[(reason, priority)](1)
 
     def count_would_shed(self, reason: ShedReason, priority: Priority) -> None:
         """Dry-run: count one request enforcement would have shed."""
@@ -158,7 +162,7 @@ class Metrics:
 
     def count_request(self, priority: Priority) -> None:
         """Count one request entering the shedding stages."""
-        self._requests[priority].inc()
+        self._requests_inc[priority](1)
 
     def count_queued(self, outcome: str) -> None:
         """Count one admission-queue outcome (admitted, timeout, queue_full)."""
@@ -211,3 +215,12 @@ def null_metrics() -> Metrics:
 
 def _is_state(state: Callable[[], str], name: str) -> float:
     return float(state() == name)
+
+
+def _adder(child: Counter) -> Callable[[float], None]:
+    """``child.inc`` without its per-call checks: the value's own ``inc`` (prometheus_client's
+    ``MutexValue``, or ``MmapedValue`` in multiprocess mode), bound once; ``child.inc``
+    itself when the value is not such an object (another prometheus_client)."""
+    value = getattr(child, "_value", None)
+    inc = getattr(value, "inc", None)
+    return inc if callable(inc) else child.inc

@@ -526,6 +526,11 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_time() -> None:
         b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms:  0 \r\n\r\n",
         b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: -5\r\n\r\n",
         b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 99999999999999999999\r\n\r\n",
+        # Header names in any case, values with trailing spaces and tabs (the wire's own
+        # ``on_header``: lower-cased names, trailing OWS stripped as uvicorn does), then an
+        # Expect in mixed case on a request that is not shed.
+        b"GET /a HTTP/1.1\r\nHOST: t\r\nx-DEADLINE-ms: 0 \t\r\nX-PRIORITY: critical\t\r\n\r\n"
+        + b"POST /a HTTP/1.1\r\nHost: t\r\nEXPECT: 100-Continue \r\nContent-Length: 2\r\n\r\nhi",
         # Two X-Deadline-Ms that disagree, and CONNECT in authority form.
         b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nX-Deadline-Ms: 5\r\n\r\n",
         b"CONNECT t:443 HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n",

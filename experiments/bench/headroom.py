@@ -263,7 +263,7 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
          f"{ratios['shed_vs_floor']:.2f}x"),
         ("step: CPU per shed <= 1.3x the floor", ratios["shed_vs_floor"] <= 1.3,
          f"{ratios['shed_vs_floor']:.2f}x"),
-        (">= 15,000 sheds/s on one core", rps("shed") >= 15_000, f"{rps('shed'):,.0f}/s"),
+        (">= 15,000 sheds/s on one core", *_shed_rate(rows["shed"])),
         ("CPU per proxied request <= 4x nginx", ratios["proxied_vs_nginx"] <= 4.0,
          f"{ratios['proxied_vs_nginx']:.2f}x"),
         ("step: CPU per proxied request <= 6x nginx", ratios["proxied_vs_nginx"] <= 6.0,
@@ -273,6 +273,24 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
     ]  # fmt: skip
     verdicts = [{"target": t, "met": ok, "measured": m} for t, ok, m in targets]
     return {"rows": rows, "ratios": ratios, "targets": verdicts}
+
+
+#: Below this CPU share the server was waiting for the client (wrk on the shared CPU 0).
+CLIENT_BOUND = 0.9
+
+
+def _shed_rate(row: dict[str, Any]) -> tuple[bool, str]:
+    """The sheds/s verdict: on the measured rate when the server's core was busy; when the
+    client held it back (CPU busy < ``CLIENT_BOUND``), on its core's capacity (1 s / CPU
+    per shed), said so in the measured text."""
+    rate, util, cpu_us = row["rps"][0], row["cpu_util"][0], row["cpu_us"][0]
+    if util >= CLIENT_BOUND:
+        return rate >= 15_000, f"{rate:,.0f}/s"
+    capacity = 1e6 / cpu_us
+    return capacity >= 15_000, (
+        f"{capacity:,.0f}/s by capacity (1 s / CPU per shed); client-bound: {rate:,.0f}/s "
+        f"measured with the server's CPU {100 * util:.0f} % busy"
+    )
 
 
 def table(doc: dict[str, Any]) -> list[str]:

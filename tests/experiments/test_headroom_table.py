@@ -9,6 +9,7 @@ import pytest
 
 from experiments.bench.headroom import (
     BEGIN,
+    CLIENT_BOUND,
     END,
     ROWS,
     SHED_BODY,
@@ -45,6 +46,20 @@ def test_ratios_are_of_the_medians_and_verdicts_follow_the_targets() -> None:
     assert s["ratios"]["proxied_vs_nginx"] == pytest.approx(151.0 / 41.0)
     assert s["ratios"]["proxied_rate_vs_aiohttp"] == pytest.approx(4_499.0 / 2_999.0)
     assert [t["met"] for t in s["targets"]] == [True, True, True, True, True, True]
+
+
+def test_a_client_bound_shed_rate_is_judged_by_the_cores_capacity_and_says_so() -> None:
+    """Shed row below ``CLIENT_BOUND`` CPU: the verdict is on 1 s / CPU per shed, labelled."""
+    runs = [{**r, "cpu_util": 0.5} if r["row"] == "shed" else r for r in _doc()["runs"]]
+    runs = [{**r, "rps": 9_000.0} if r["row"] == "shed" else r for r in runs]
+    rate = summarize(runs, {})["targets"][2]
+    assert CLIENT_BOUND == 0.9 and rate["met"] is True  # 1e6 / 46 us = 21,739/s
+    assert (
+        rate["measured"].startswith("21,739/s by capacity")
+        and "9,000/s measured" in rate["measured"]
+    )
+    slow = [{**r, "cpu_us": 80.0} if r["row"] == "shed" else r for r in runs]
+    assert summarize(slow, {})["targets"][2]["met"] is False  # 12,500/s
 
 
 def test_the_table_has_exactly_the_issues_rows_in_order() -> None:

@@ -301,7 +301,33 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._idle_since = None
-        super().data_received(data)
+        joined = self._joined
+        if (
+            self._at_wire is None
+            or self._linger is not None
+            or self.timeout_keep_alive_task is not None
+            or (joined is not None and joined._pending)
+        ):
+            super().data_received(data)
+        else:
+            # The guarded protocol's and uvicorn's ``data_received`` fused for the common
+            # read (not lingering, no keep-alive task, nothing joined to flush): one call
+            # instead of three per read (issue 31); the same steps in the same order.
+            if self._in_head:
+                self._head_bytes += len(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."  # uvicorn's (0.55) two except arms
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+            if self._in_head and self._head_bytes > self.max_header_bytes and self._linger is None:
+                self._refuse(431)
         if self._close_when_read and self._linger is None:
             # The closing answer's request body is still arriving: close lingering.
             self._close_when_read = False

@@ -531,6 +531,10 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_time() -> None:
         # Expect in mixed case on a request that is not shed.
         b"GET /a HTTP/1.1\r\nHOST: t\r\nx-DEADLINE-ms: 0 \t\r\nX-PRIORITY: critical\t\r\n\r\n"
         + b"POST /a HTTP/1.1\r\nHost: t\r\nEXPECT: 100-Continue \r\nContent-Length: 2\r\n\r\nhi",
+        # A head over server.max_header_bytes (431, the fused read's size check); a
+        # request line httptools refuses (uvicorn's 400).
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nX-Big: " + b"x" * 70_000 + b"\r\n\r\n",
+        b"GET /a HTTP/1.1 junk\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n",
         # Two X-Deadline-Ms that disagree, and CONNECT in authority form.
         b"GET /a HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\nX-Deadline-Ms: 5\r\n\r\n",
         b"CONNECT t:443 HTTP/1.1\r\nHost: t\r\nX-Deadline-Ms: 0\r\n\r\n",

@@ -22,6 +22,9 @@ ballast_asgi.server.serve:GatewayProtocol``, which does the same from the
 config uvicorn hands it). A scope whose client
 was nevertheless rewritten from ``X-Forwarded-For`` (uvicorn run some other
 way) gets ``client = None``: never trusted, one warning.
+
+What the gateway shows (its pieces by name, health, snapshot) is
+``GatewayViews`` in ``views.py``; this module builds, serves and reloads.
 """
 
 from __future__ import annotations
@@ -34,18 +37,15 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 
-from ballast_asgi.canary.asgi import CanaryAdmin, CanaryRuntime
+from ballast_asgi.canary.asgi import CanaryAdmin
 from ballast_asgi.config import GatewayConfig, load_config
-from ballast_asgi.config.models import ServerConfig, WebSocketConfig
 from ballast_asgi.config.workers import read_live, scale_config
-from ballast_asgi.core.adopt import protocol
 from ballast_asgi.core.errors import ConfigError
 from ballast_asgi.core.forwarded import (
     CLIENT_IP_KEY,
@@ -57,20 +57,16 @@ from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.shed import Shed, ShedHeaders
 from ballast_asgi.core.types import ASGIApp, Clock, Message, RawHeaders, Receive, Scope, Send
 from ballast_asgi.discovery.core.model import Instance
-from ballast_asgi.discovery.runtime import DiscoveryRuntime
-from ballast_asgi.gateway.compose import Live, Stack, build_live, compose
-from ballast_asgi.gateway.stack import Parts
+from ballast_asgi.gateway.compose import build_live, compose
+from ballast_asgi.gateway.views import GatewayViews
 from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.admin import AdminRouter, Route
-from ballast_asgi.proxy.app import ProxyApp
-from ballast_asgi.proxy.websocket import WebSocketProxy
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams.core.instance import InstanceSpec
-from ballast_asgi.upstreams.runtime import PoolRuntime, plain_snapshot
 
 
-class Gateway:
+class Gateway(GatewayViews):
     """The composed gateway: an ASGI app with admin endpoints, snapshot and reload."""
 
     def __init__(
@@ -90,8 +86,7 @@ class Gateway:
         self.clock = clock
         self.metrics = Metrics(registry)
         self.rng = rng or random.Random()
-        #: The long-lived pieces (built once; every reload keeps them, ADR 0019).
-        self.pieces: Live = build_live(
+        self.pieces = build_live(
             config, metrics=self.metrics, clock=clock, rng=self.rng, transport=transport,
             on_version=self._on_version,
         )  # fmt: skip
@@ -103,77 +98,12 @@ class Gateway:
         #: Whether the server may have rewritten ``scope["client"]`` (unknown: assume so).
         self.server_may_rewrite = True
         self._warned_rewrite = False
-        #: Set when a graceful shutdown begins: health answers 503 ``draining``.
         self.draining = False
-        #: ``ballast --workers N``: this process's index, N and PID (shown in the snapshot).
-        self.worker: dict[str, int] | None = None
-        #: ``workers.redivide_on_loss``: where the supervisor writes the live-worker
-        #: count, and the count the caps are divided by now (None: by N).
+        self.worker = None
+        #: ``workers.redivide_on_loss``: where the supervisor writes the live-worker count.
         self.share_path: str | None = None
-        self.live: int | None = None
-        #: The stack requests run through; replaced whole (one assignment) by a reload.
-        self.stack: Stack = compose(config, self.pieces, self._traffic_admin)
-
-    # -- the live pieces and the current stack, by their historical names ----------
-    @property
-    def config(self) -> GatewayConfig:
-        """The config the current stack was built from."""
-        return self.stack.config
-
-    @property
-    def parts(self) -> Parts:
-        """The stages' collaborators (limiter, queue, breakers, budget, ...)."""
-        return self.pieces.parts
-
-    @property
-    def pool(self) -> PoolRuntime | None:
-        """The upstream pool (None for a single URL)."""
-        return self.pieces.pool
-
-    @property
-    def discovery(self) -> DiscoveryRuntime | None:
-        """The discovery runtime (None without ``discovery``)."""
-        return self.pieces.discovery
-
-    @property
-    def canary(self) -> CanaryRuntime | None:
-        """The canary (None without ``canary.upstream``)."""
-        return self.pieces.canary
-
-    @property
-    def proxy_app(self) -> ProxyApp:
-        """The terminal proxy."""
-        return self.pieces.proxy_app
-
-    @property
-    def proxy(self) -> ASGIApp:
-        """The terminal app (the pool's proxy is wrapped so lifespan runs its probes)."""
-        return self.pieces.proxy
-
-    @property
-    def websockets(self) -> WebSocketProxy:
-        """The WebSocket relay (upgrades bypass the HTTP stages)."""
-        return self.pieces.websockets
-
-    @property
-    def _app(self) -> ASGIApp:
-        return self.stack.app
-
-    @_app.setter
-    def _app(self, app: ASGIApp) -> None:  # tests put a spy in place of the chain
-        self.stack = replace(self.stack, app=app)
-
-    @property
-    def _router(self) -> AdminRouter:
-        return self.stack.router
-
-    @property
-    def _stack(self) -> ASGIApp | None:
-        return self.stack.direct
-
-    @_stack.setter
-    def _stack(self, app: ASGIApp | None) -> None:
-        self.stack = replace(self.stack, direct=app)
+        self.live = None
+        self.stack = compose(config, self.pieces, self._traffic_admin)
 
     def _traffic_admin(self, stack: ASGIApp) -> AdminRouter:
         return self._admin(stack, "/_ballast", lambda: self.config.admin.on_traffic_port)
@@ -225,33 +155,6 @@ class Gateway:
     def _canary_routes(self) -> dict[str, Route]:
         """``/canary`` and its actions (``state: none`` without a canary)."""
         return CanaryAdmin(self.canary, token=lambda: self.config.admin.token).routes()
-
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """200 ``ok``; 200 ``degraded`` with reasons when a dependency is lost (Redis,
-        etcd, every instance failing its probes); 503 ``draining`` once a shutdown began."""
-        if self.draining:
-            return 503, {"status": "draining"}
-        reasons = self.degraded()
-        if reasons:
-            return 200, {"status": "degraded", "reasons": reasons}
-        return 200, {"status": "ok"}
-
-    def degraded(self) -> list[str]:
-        """Why the gateway runs degraded (empty when it does not): one line per cause."""
-        reasons = self.pool.degraded() if self.pool is not None else []
-        if self.parts.ratelimit is not None and self.config.rate_limit.enabled:
-            reasons += self.parts.ratelimit.degraded()
-        if self.discovery is not None:
-            reasons += self.discovery.degraded()
-        now = self.clock()
-        routes = self.parts.breakers.open_keys(now)
-        if routes:  # per-route breakers (breaker.scope: route)
-            more = " ..." if len(routes) > 8 else ""
-            names = ", ".join(routes[:8])
-            reasons.append(f"breaker: open on routes {names}{more} (those routes are shed)")
-        elif self.parts.breaker.state(now).value == "open":
-            reasons.append("breaker: open (the upstream is failing; requests are shed)")
-        return reasons
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -329,7 +232,7 @@ class Gateway:
         """Reload the config on SIGHUP (under uvicorn or the CLI, in the main thread)."""
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGHUP, self._reload_soon, loop)
+            loop.add_signal_handler(signal.SIGHUP, self._soon, loop, self.reload_logged)
             if self.share_path is not None:  # the supervisor lost a worker: re-divide
                 loop.add_signal_handler(signal.SIGUSR1, self._soon, loop, self.redivide)
                 self._soon(loop, self.redivide)  # a loss before this worker started
@@ -341,14 +244,6 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _reload_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        task = loop.create_task(self._reload_and_log())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _reload_and_log(self) -> None:
-        await self.reload_logged()
-
     async def reload_logged(self) -> tuple[bool, str]:
         """``reload`` plus one log line (SIGHUP and ``POST /_ballast/reload`` alike)."""
         ok, message = await self.reload()
@@ -358,55 +253,6 @@ class Gateway:
     def admin_app(self) -> AdminRouter:
         """The admin-port app: ``/metrics``, ``/snapshot``, ``/health`` at its root."""
         return self._admin(None, "", lambda: True)
-
-    @property
-    def server_config(self) -> ServerConfig:
-        """The ``server`` section (settings of the HTTP server in front of the gateway)."""
-        return self.config.server
-
-    @property
-    def server_protocol(self) -> type[Any] | None:
-        """The server protocol class the gateway form installs: the shed at the wire
-        (``server.shed_at_wire``; ``ballast_asgi.server.wire``, handed out through
-        ``core.adopt``), or None: the guarded protocol alone."""
-        return protocol("shed_at_wire") if self.config.server.shed_at_wire else None
-
-    @property
-    def websocket_config(self) -> WebSocketConfig:
-        """The ``websocket`` section (uvicorn's websocket limits are set from it)."""
-        return self.config.websocket
-
-    def snapshot(self) -> dict[str, Any]:
-        """The live state of every stage as one JSON-safe document."""
-        doc = self.parts.snapshot(self.clock())
-        doc["upstreams"] = (
-            self.pool.snapshot()
-            if self.pool is not None
-            else plain_snapshot(self.proxy_app.selector)
-        )
-        if self.pool is not None:
-            doc["pool"] = self.pool.summary()
-        doc["degraded"] = self.degraded()
-        doc["config"] = {
-            "version": self.version,
-            "loaded_at": self.loaded_at,
-            "upstream": (
-                redact_userinfo(self.config.upstream)
-                if isinstance(self.config.upstream, str)
-                else [u["url"] for u in doc["upstreams"]]
-            ),
-            "limiter": self.config.limiter.algorithm,
-            "dry_run": self.config.load_shed_dry_run,
-        }
-        doc["worker"] = self.worker or {"index": 0, "of": 1, "pid": os.getpid()}
-        if self.live is not None:
-            doc["worker"] = {**doc["worker"], "caps_divided_by": self.live}
-        if self.discovery is not None:  # the applied config version (docs/discovery.md)
-            doc["config_version"] = self.discovery.config_version
-            doc["discovery"] = self.discovery.snapshot()
-        doc["canary"] = {"state": "none"} if self.canary is None else self.canary.snapshot()
-        doc["websocket"] = self.websockets.snapshot()
-        return doc
 
     async def reload(self) -> tuple[bool, str]:
         """Re-read the config source and apply it without dropping any request."""

@@ -39,15 +39,9 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.types import ASGIApp, Clock, Scope
 from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
+from ballast_asgi.gateway.parts import NO_POOL, Parts, PoolFacts, build_parts, reconfigure_parts
 from ballast_asgi.gateway.pools import build_pool, canary_selector, pool_selector
-from ballast_asgi.gateway.stack import (
-    NO_POOL,
-    Parts,
-    PoolFacts,
-    build_parts,
-    build_stack,
-    reconfigure_parts,
-)
+from ballast_asgi.gateway.stack import build_stack
 from ballast_asgi.ops.access_log import AccessLog
 from ballast_asgi.ops.admin import AdminRouter
 from ballast_asgi.proxy.app import ProxyApp

@@ -44,7 +44,8 @@ from ballast_asgi.client.core.live import client_section
 from ballast_asgi.client.metrics import ClientCollector
 from ballast_asgi.config import GatewayConfig, build_config
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
-from ballast_asgi.gateway.stack import Parts, build_parts, build_stack, reconfigure_parts
+from ballast_asgi.gateway.parts import Parts, build_parts, reconfigure_parts
+from ballast_asgi.gateway.stack import build_stack
 from ballast_asgi.middleware.admission import RouteKey
 from ballast_asgi.middleware.handler import HandlerMiddleware
 from ballast_asgi.ops.admin import AdminRouter

@@ -1,7 +1,7 @@
 """Pools from the gateway config: the stable pool, an instance's limiter and breaker, the canary.
 
 Composition glue (no I/O): it needs the configured limit algorithm
-(``gateway.stack.make_algorithm``), so it lives with the composition, not in
+(``gateway.limits.make_algorithm``), so it lives with the composition, not in
 ``upstreams/`` (ADR 0005: no capability imports the composition). The old
 path ``ballast_asgi.upstreams.build`` is an alias of this module.
 """
@@ -16,7 +16,7 @@ from ballast_asgi.core.breaker import Breaker
 from ballast_asgi.core.limit import make_limit
 from ballast_asgi.core.limiter import Limiter
 from ballast_asgi.core.types import Clock
-from ballast_asgi.gateway.stack import make_algorithm
+from ballast_asgi.gateway.limits import make_algorithm
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.upstreams.core.health import HealthPolicy

@@ -24,7 +24,7 @@ from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
 from ballast_asgi.gateway.compose import Live, Stack
-from ballast_asgi.gateway.stack import Parts
+from ballast_asgi.gateway.parts import Parts
 from ballast_asgi.ops.admin import AdminRouter
 from ballast_asgi.proxy.app import ProxyApp
 from ballast_asgi.proxy.websocket import WebSocketProxy

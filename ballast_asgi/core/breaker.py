@@ -33,6 +33,7 @@ fail cannot keep a recovered breaker open by always being the probe. A late resu
 any result of a ticket issued in an earlier state (each transition starts a
 new generation). Time-driven transitions are dated when they were due, not
 when they were noticed, so the machine does not depend on how often it is read.
+A ticket (one call's leave, settled once) is ``core/breaker_ticket.py``.
 
 What counts as a failure is the caller's call (``ticket.record(success)``);
 ``is_failure_status`` applies the configured statuses (default 500, 502, 503,
@@ -52,6 +53,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ballast_asgi.core.breaker_stats import TripStats, check
+from ballast_asgi.core.breaker_ticket import Ticket as Ticket  # re-exported: its old home
 from ballast_asgi.core.outcome import DEFAULT_FAILURE_STATUSES as _FAILURE_STATUSES
 
 if TYPE_CHECKING:
@@ -82,49 +84,6 @@ DEFAULT_FAILURE_STATUSES = tuple(sorted(_FAILURE_STATUSES))
 DEFAULT_MIN_FAILING_CLIENTS = 3
 #: A breaker is on unless the config turns it off.
 DEFAULT_ENABLED = True
-
-
-class Ticket:
-    """Leave to make one upstream call; settle it exactly once."""
-
-    __slots__ = ("_breaker", "_settled", "client", "generation", "probe")
-
-    def __init__(
-        self, breaker: Breaker, generation: int, probe: bool, client: str | None = None
-    ) -> None:
-        self._breaker = breaker
-        self.generation = generation
-        #: True when this ticket is the half-open probe.
-        self.probe = probe
-        #: The caller's address, when it was given to ``acquire``.
-        self.client = client
-        self._settled = False
-
-    @property
-    def settled(self) -> bool:
-        """Whether ``record`` or ``cancel`` has been called."""
-        return self._settled
-
-    def record(
-        self, success: bool, now: float, *, client: str | None = None, shared: bool = False
-    ) -> None:
-        """Report the call's result (exactly once).
-
-        ``client``: the caller's address; ``shared``: a failure that does not
-        depend on the request (connect error), counted whoever sent it.
-        """
-        self._settle()
-        self._breaker._on_result(self, success, now, client, shared)
-
-    def cancel(self) -> None:
-        """The call was not made or its result means nothing: free the slot, record nothing."""
-        self._settle()
-        self._breaker._on_cancel(self)
-
-    def _settle(self) -> None:
-        if self._settled:
-            raise RuntimeError("breaker ticket settled twice")
-        self._settled = True
 
 
 class Breaker:

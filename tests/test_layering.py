@@ -72,7 +72,6 @@ HEAVY = (
 MAX_LINES = 320
 #: Long today, being split (issue 29); each must shrink or say why, never grow in number.
 LONG_TODAY = {
-    "proxy.transports.lean_wire",
     "server.serve",
 }
 

@@ -1,10 +1,11 @@
-"""One upstream HTTP/1.1 connection of the lean transport: an asyncio protocol and its exchange.
+"""One exchange of the lean transport: the upstream response, parsed as it arrives.
 
-``Conn`` is the ``asyncio.Protocol`` of one pooled connection; it hands every
-read to the exchange in progress (``LeanResponse``), which parses it with a
-fresh ``httptools.HttpResponseParser`` and is also what the proxy reads: the
-response head (``status_code``, ``raw_headers``) and its body stream
-(``arrived``, ``async for``, ``aclose``), the API of ``AiohttpResponseStream``.
+``LeanResponse`` is the exchange in progress on one pooled connection
+(``Conn``, the ``asyncio.Protocol`` in ``lean_conn.py``, hands it every
+read); it parses the reads with a fresh ``httptools.HttpResponseParser`` and
+is also what the proxy reads: the response head (``status_code``,
+``raw_headers``) and its body stream (``arrived``, ``async for``,
+``aclose``), the API of ``AiohttpResponseStream``.
 
 Framing (llhttp decodes, the proxy re-frames): Content-Length, chunked (the
 chunks' payload only; trailers dropped, as aiohttp does), close-delimited
@@ -31,76 +32,19 @@ more than ``HIGH_WATER_BYTES`` wait for the consumer.
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator, Callable
-from typing import cast
+from collections.abc import AsyncIterator
 
 import httpx
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
 from ballast_asgi.proxy.transports.direct import DirectResponse
+from ballast_asgi.proxy.transports.lean_conn import Conn
 
 #: Body bytes buffered for a slow consumer before the socket is no longer read.
 HIGH_WATER_BYTES = 128 * 1024
 #: Bytes received before the final response head, as a multiple of ``max_field_size``.
 HEAD_FIELDS = 4
 _OWS = (32, 9)  # space, tab
-
-Release = Callable[["Conn", bool], None]
-
-
-class Conn(asyncio.Protocol):
-    """One upstream connection; at most one exchange at a time."""
-
-    __slots__ = ("closed", "exchange", "idle_since", "key", "paused", "release", "transport")
-
-    def __init__(self, key: tuple[str, int], release: Release) -> None:
-        self.key = key
-        self.release = release
-        self.transport: asyncio.Transport | None = None
-        self.exchange: LeanResponse | None = None
-        self.closed = False
-        self.paused = False
-        self.idle_since = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        exchange = self.exchange
-        if exchange is None:  # bytes nobody asked for: the connection is unusable
-            self.close()
-            return
-        exchange.feed(data)
-
-    def eof_received(self) -> bool | None:
-        self.closed = True
-        if self.exchange is not None:
-            self.exchange.lost(None)
-        return None  # the transport closes itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.exchange is not None:
-            self.exchange.lost(exc)
-
-    def pause(self, on: bool) -> None:
-        """Stop (``on``) or resume reading the socket."""
-        if self.paused != on and self.transport is not None and not self.closed:
-            self.paused = on
-            if on:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
-
-    def close(self) -> None:
-        """Close the socket (idempotent)."""
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
 
 
 class LeanResponse(DirectResponse):

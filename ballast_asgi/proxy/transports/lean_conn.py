@@ -1,0 +1,75 @@
+"""One upstream HTTP/1.1 connection of the lean transport: its ``asyncio.Protocol``.
+
+``Conn`` is the protocol of one pooled connection (``lean.py`` opens and
+pools them): ``TCP_NODELAY`` on connect, every read handed to the exchange in
+progress (``LeanResponse``, ``lean_wire.py``), EOF and loss reported to it,
+reading paused and resumed for a slow consumer. Bytes that arrive with no
+exchange in progress make the connection unusable: it is closed. At most one
+exchange at a time; ``release(conn, reuse)`` gives it back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from ballast_asgi.proxy.transports.lean_wire import LeanResponse
+
+Release = Callable[["Conn", bool], None]
+
+
+class Conn(asyncio.Protocol):
+    """One upstream connection; at most one exchange at a time."""
+
+    __slots__ = ("closed", "exchange", "idle_since", "key", "paused", "release", "transport")
+
+    def __init__(self, key: tuple[str, int], release: Release) -> None:
+        self.key = key
+        self.release = release
+        self.transport: asyncio.Transport | None = None
+        self.exchange: LeanResponse | None = None
+        self.closed = False
+        self.paused = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None:  # bytes nobody asked for: the connection is unusable
+            self.close()
+            return
+        exchange.feed(data)
+
+    def eof_received(self) -> bool | None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.lost(None)
+        return None  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.lost(exc)
+
+    def pause(self, on: bool) -> None:
+        """Stop (``on``) or resume reading the socket."""
+        if self.paused != on and self.transport is not None and not self.closed:
+            self.paused = on
+            if on:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()

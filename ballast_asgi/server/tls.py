@@ -28,7 +28,7 @@ by ``tls_front``); the front
   that task does, so a ClientHello could reach nobody), with
   ``ssl_handshake_timeout = header_timeout``: a handshake never takes longer
   than ``server.header_timeout_ms``;
-* gives the HTTP protocol (the guarded one, see ``serve.py``) the accept
+* gives the HTTP protocol (the guarded one, see ``guarded.py``) the accept
   time, so the head timer runs from accept: handshake and first request
   head together get ``header_timeout_ms``. The TLS layer calls its
   ``connection_made`` when the handshake completes, before any request byte.

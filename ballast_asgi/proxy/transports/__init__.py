@@ -3,8 +3,8 @@
 ``lean`` (the default: aiohttp's pool with a lean direct path), ``aiohttp``
 and ``httpx``; each is an ``httpx.AsyncBaseTransport``. ``direct`` holds the
 response value the lean and aiohttp direct paths return. The modules import
-one another only downwards (direct <- aiohttp <- lean_wire <- lean); only
-this factory knows all of them.
+one another only downwards (direct <- aiohttp_adapt <- aiohttp <- lean;
+lean_conn <- lean_wire <- lean); only this factory knows all of them.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_peer_names_parse_and_bad_ones_name_the_rule() -> None:
     assert parse_peer("haproxy-64") == Peer("haproxy", 64)
     assert parse_peer("nginx-32", rate_rps=100.0).rate_rps == 100.0
     assert is_peer("nginx-16") and not is_peer("fixed-16") and not is_peer("haproxy-x")
-    with pytest.raises(ValueError, match="haproxy-N or nginx-N"):
+    with pytest.raises(ValueError, match=r"haproxy-N\[-qMS\]\[-keep\] or nginx-N"):
         parse_peer("envoy-16")
     with pytest.raises(ValueError, match=r"limit must be in 1\.\.100000"):
         Peer("haproxy", 0)
@@ -45,15 +45,25 @@ def test_peer_names_parse_and_bad_ones_name_the_rule() -> None:
 
 
 def test_haproxy_config_queues_per_server_with_priority_classes() -> None:
-    """maxconn on the server, critical dequeued first, queue timeout = the longest deadline."""
-    text = haproxy_config(Peer("haproxy", 64, queue_timeout_s=3.0), 8080, 9090, fds=20000)
+    """maxconn on the server, critical dequeued first, queue timeout = the shortest deadline."""
+    text = haproxy_config(Peer("haproxy", 64), 8080, 9090, fds=20000)
     assert "server s1 127.0.0.1:9090 maxconn 64" in text
     assert "bind 127.0.0.1:8080" in text
-    assert "timeout queue 3000ms" in text
-    assert "option abortonclose" in text
+    assert "timeout queue 400ms" in text
+    assert "\n  option abortonclose" in text
     assert "set-priority-class int(-1) if { req.hdr(X-Priority) -m str critical }" in text
     assert "set-priority-class int(1) if { req.hdr(X-Priority) -m str bulk }" in text
     assert "nbthread 1" in text and "maxconn 9950" in text
+
+
+def test_haproxy_variants_set_the_queue_timeout_and_abortonclose() -> None:
+    """``haproxy-16-q1000-keep``: a 1 s queue timeout and ``no option abortonclose``."""
+    peer = parse_peer("haproxy-16-q1000-keep")
+    assert peer == Peer("haproxy", 16, queue_timeout_s=1.0, abortonclose=False)
+    text = haproxy_config(peer, 8080, 9090)
+    assert "timeout queue 1000ms" in text and "no option abortonclose" in text
+    assert parse_peer("haproxy-16-q250").queue_timeout_s == 0.25
+    assert not is_peer("haproxy-16-x") and not is_peer("nginx-16-q")
 
 
 def test_nginx_config_limits_non_critical_and_caps_upstream_conns() -> None:

@@ -14,12 +14,15 @@ it by PID.
 requests are at the backend and the rest wait in HAProxy's queue; the queue is
 ordered by ``http-request set-priority-class`` from ``X-Priority`` (critical
 -1, standard 0, bulk 1: HAProxy dequeues the lowest class first, then the
-oldest); ``timeout queue`` is the longest tier deadline (no request is refused
-while its client still waits for it: HAProxy 2.6 cannot set the queue timeout
-per request, ``http-request set-timeout`` covers ``server`` and ``tunnel``
-only), and ``option abortonclose`` drops a queued request whose client gave
-up (the generator closes the connection at its deadline plus grace). A queue
-timeout is answered ``503``.
+oldest); ``timeout queue`` is the *shortest* tier deadline (400 ms): a request
+dispatched after a shorter wait still has its service time left within even
+the tightest deadline, and a longer waiter is refused (``503``) rather than
+kept in a queue that, FIFO within its class, would otherwise serve only stale
+requests under overload. HAProxy 2.6 cannot set the queue timeout per request
+(``http-request set-timeout`` covers ``server`` and ``tunnel`` only), so one
+value serves every class. ``option abortonclose`` drops a queued request
+whose client gave up. Variants for the sensitivity runs: ``-q<ms>`` another
+queue timeout, ``-keep`` without ``abortonclose`` (``parse_peer``).
 
 **nginx** (``nginx-N``): ``max_conns N`` on the upstream server. nginx OSS has
 no upstream queue (the ``queue`` directive is NGINX Plus only): a request that
@@ -35,8 +38,9 @@ limited to the backend's nominal capacity in requests per second. Both answer
 
 from __future__ import annotations
 
+import re
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from experiments._harness.procs import HOST, Procs, free_port
 from experiments._harness.servers import Target, find_binary
@@ -63,16 +67,18 @@ class Peer:
     """One peer configuration.
 
     ``limit``: HAProxy's per-server ``maxconn`` / nginx's ``max_conns``;
-    ``queue_timeout_s``: HAProxy's ``timeout queue`` (the longest deadline);
+    ``queue_timeout_s``: HAProxy's ``timeout queue`` (the shortest deadline);
     ``rate_rps``: nginx's ``limit_req`` rate for non-critical requests (the
     backend's nominal capacity) with ``burst_s`` of it as burst.
     """
 
     kind: str
     limit: int
-    queue_timeout_s: float = 3.0
+    queue_timeout_s: float = 0.4
     rate_rps: float = 250.0
     burst_s: float = 0.2
+    #: HAProxy's ``option abortonclose`` (``-keep`` in a name turns it off).
+    abortonclose: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in PEER_KINDS:
@@ -84,7 +90,7 @@ class Peer:
 
     @property
     def name(self) -> str:
-        """``haproxy-64``: the row label."""
+        """``haproxy-64``: the row label (the limit; variants are named by ``parse_peer``)."""
         return f"{self.kind}-{self.limit}"
 
     @property
@@ -98,18 +104,32 @@ class Peer:
         return max(1, round(self.rate_rps * self.burst_s))
 
 
+_NAME = re.compile(r"(haproxy|nginx)-(\d+)(?:-q(\d+))?(-keep)?")
+
+
 def is_peer(name: str) -> bool:
-    """True for ``haproxy-N`` / ``nginx-N``."""
-    kind, _, limit = name.partition("-")
-    return kind in PEER_KINDS and limit.isdigit()
+    """True for ``haproxy-N`` / ``nginx-N`` (and HAProxy's variants, see ``parse_peer``)."""
+    return _NAME.fullmatch(name) is not None
 
 
 def parse_peer(name: str, **settings: float) -> Peer:
-    """``"haproxy-64"`` -> ``Peer("haproxy", 64, ...)`` (``settings``: the other fields)."""
-    if not is_peer(name):
-        raise ValueError(f"a peer is haproxy-N or nginx-N (N an integer), not {name!r}")
-    kind, _, limit = name.partition("-")
-    return Peer(kind, int(limit), **settings)
+    """``"haproxy-64"`` -> ``Peer("haproxy", 64, ...)`` (``settings``: the other fields).
+
+    HAProxy variants: ``-q<ms>`` sets ``timeout queue`` (undilated ms) and
+    ``-keep`` turns ``option abortonclose`` off, e.g. ``haproxy-16-q1000-keep``.
+    """
+    match = _NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(
+            f"a peer is haproxy-N[-qMS][-keep] or nginx-N (N, MS integers), not {name!r}"
+        )
+    kind, limit, queue_ms, keep = match.groups()
+    if kind != "haproxy" and (queue_ms or keep):
+        raise ValueError(f"-q<ms> and -keep are HAProxy settings, not nginx's: {name!r}")
+    peer = Peer(kind, int(limit), **settings)  # type: ignore[arg-type]
+    if queue_ms is not None:
+        peer = replace(peer, queue_timeout_s=int(queue_ms) / 1000.0)
+    return replace(peer, abortonclose=False) if keep else peer
 
 
 def haproxy_config(
@@ -131,7 +151,7 @@ def haproxy_config(
 defaults
   mode http
   option http-keep-alive
-  option abortonclose
+  {"" if peer.abortonclose else "no "}option abortonclose
   timeout connect 2s
   timeout client 60s
   timeout server 60s

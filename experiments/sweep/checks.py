@@ -5,10 +5,11 @@ when any of these holds (thresholds in real, undilated time):
 
 - ``gen-lag``: the generator's schedule lag p99 > 10 ms;
 - ``not-issued``: the generator failed to issue > 0.5 % of the schedule;
-- ``gw-cpu``: the gateway used > 90 % of a core (``/proc/<pid>/stat``);
+- ``gw-cpu``: the gateway (or the peer in its place, HAProxy or nginx) used
+  > 90 % of a core (``/proc/<pid>/stat``);
 - ``gw-loop``: the gateway's ``/snapshot`` took > 25 ms to answer at p99
   (its event loop was busy; the figure includes a little of the generator's
-  own loop lag, so it errs towards flagging);
+  own loop lag, so it errs towards flagging; a peer has no ``/snapshot``);
 - ``sim-cpu``: the simulator used > 90 % of a core;
 - ``steal``: the hypervisor took > 5 % of either CPU (``steal`` in
   ``/proc/stat``): the machine, not our processes, but it delays them alike.

@@ -59,6 +59,7 @@ from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
 from experiments.sweep import plan as exp_plan
 from experiments.sweep.checks import bottleneck, calibration_ok
+from experiments.sweep import metrics as em
 from experiments.sweep.metrics import metrics
 from experiments.sweep.one import GENERATOR_CPU, run_one
 from experiments.sweep.plots import plot_all
@@ -110,7 +111,7 @@ class Progress:
         print(f"{chr(13) if self.tty else ''}[{self.i:2}/{self.n}] {doc['spec']['name']:<34} "
               f"critical {m['critical_served']}/{m['critical_sent']} "
               f"p99 {m['critical_p99_ms'] or 0:.0f} ms, served {m['served_total']}, "
-              f"limit {lim['min']}-{lim['max']}, flags {flags}"
+              f"limit {em.fmt_range(lim)}, flags {flags}"
               f"{' ' * 10}", flush=True)  # fmt: skip
 
 
@@ -154,7 +155,7 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     started = time.monotonic()
     meta: dict[str, Any] = {"machine": machine(), "versions": versions(), "seed": exp_plan.SEED,
                             "out_dir": str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
-                                           else out)}  # fmt: skip
+                                           else out), "command": args.command}  # fmt: skip
     if args.dilate == "auto":
         k, meta["calibration"] = await calibrate(out / "calibration")
     else:
@@ -240,10 +241,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; the report goes to docs/ only for a full run without --no-docs."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(given)
+    args.command = " ".join(["python -m experiments.sweep", *given])
     if args.report_only:
         saved = json.loads((Path(args.report_only) / "results.json").read_text())
         docs, meta = merged(saved["runs"], saved["meta"], args.merge)
+        meta["redrawn_by"] = args.command
         report(docs, meta, Path(args.report_only), docs_dir=True)
         return 0
     if args.merge:

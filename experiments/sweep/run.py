@@ -57,9 +57,9 @@ import uvloop
 from experiments._harness.cpu import pin_self
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
+from experiments.sweep import metrics as em
 from experiments.sweep import plan as exp_plan
 from experiments.sweep.checks import bottleneck, calibration_ok
-from experiments.sweep import metrics as em
 from experiments.sweep.metrics import metrics
 from experiments.sweep.one import GENERATOR_CPU, run_one
 from experiments.sweep.plots import plot_all

@@ -130,6 +130,20 @@ def test_peer_answers_through_to_the_simulator_and_stops_by_pid(name: str, procs
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("name", ["haproxy-16", "nginx-16"])
+def test_peer_starts_from_a_relative_work_directory(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out runs/x`` is relative: nginx must not read its -c path against its -p prefix."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    with processes(Path("runs/x")) as procs:
+        sim = start_sim(procs, None, fast_ms=1.0, slow_ms=1.0)
+        peer = start_peer(procs, parse_peer(name), sim.port, None)
+        assert _get(peer, "bulk").status_code == 200
+
+
+@pytest.mark.e2e
 def test_nginx_rate_limits_non_critical_but_never_critical(procs: Procs) -> None:
     """Past limit_req's burst bulk is answered 503 at once; critical is exempt."""
     sim = start_sim(procs, None, fast_ms=1.0, slow_ms=1.0)

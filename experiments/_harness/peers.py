@@ -211,12 +211,13 @@ def start_peer(procs: Procs, peer: Peer, upstream_port: int, cpu: int | None) ->
     if binary is None:
         raise FileNotFoundError(f"{peer.kind} not installed (Debian package {peer.kind})")
     port = free_port()
-    conf = procs.tmp / f"{peer.name}-{port}.cfg"
+    tmp = procs.tmp.resolve()  # nginx reads a relative -c against its -p prefix
+    conf = tmp / f"{peer.name}-{port}.cfg"
     if peer.kind == "haproxy":
         conf.write_text(haproxy_config(peer, port, upstream_port, fds=fd_limit()))
         cmd = [binary, "-db", "-f", str(conf)]
     else:
-        conf.write_text(nginx_config(peer, port, upstream_port, str(procs.tmp), fds=fd_limit()))
-        cmd = [binary, "-c", str(conf), "-p", str(procs.tmp)]
+        conf.write_text(nginx_config(peer, port, upstream_port, str(tmp), fds=fd_limit()))
+        cmd = [binary, "-c", str(conf), "-p", str(tmp)]
     proc = procs.start(cmd, cpu, port, f"{peer.name}-{port}")
     return Target(peer.name, port, proc.pid, path="/")

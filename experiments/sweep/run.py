@@ -2,7 +2,7 @@
 heterogeneous endpoints (table 4, issue 28: three endpoint classes, and a quiet spell
 then a burst of slow requests).
 
-    python -m experiments.sweep                 # full: 3 x 108 runs, ~1 h 50 min, docs/results.md
+    python -m experiments.sweep                 # full: 3 x 108 runs, 1.5-2 h, docs/results.md
     python -m experiments.sweep --only hetero,quiet --reps 1   # table 4 alone, ~8 min
     python -m experiments.sweep --reps 1        # one run per cell (~8 min)
     python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -23,6 +23,23 @@ def pin_self(cpu: int) -> None:
     """Pin this process to ``cpu`` when the machine has more than one."""
     if can_pin():
         os.sched_setaffinity(0, {cpu})
+
+
+#: The nice value ``favour_self`` asks for: CFS gives a nice -20 process about 87 times the
+#: weight of a nice-0 one (and 800 times a nice-10 one), so a neighbour's work on a shared
+#: machine takes about 1 % of a CPU we are busy on instead of half of it.
+FAVOURED_NICE = -20
+
+
+def favour_self(nice: int = FAVOURED_NICE) -> int:
+    """Lower this process's nice value (children inherit it); return the value held.
+
+    Without the privilege (not root, no CAP_SYS_NICE) nothing changes and the
+    current value is returned, so the raw data says what the run had.
+    """
+    with suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @contextmanager

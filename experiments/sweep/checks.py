@@ -12,7 +12,11 @@ when any of these holds (thresholds in real, undilated time):
   own loop lag, so it errs towards flagging; a peer has no ``/snapshot``);
 - ``sim-cpu``: the simulator used > 90 % of a core;
 - ``steal``: the hypervisor took > 5 % of either CPU (``steal`` in
-  ``/proc/stat``): the machine, not our processes, but it delays them alike.
+  ``/proc/stat``): the machine, not our processes, but it delays them alike;
+- ``others``: on either CPU, time busy that was neither steal nor ours (CPU 0:
+  simulator and generator; CPU 1: the gateway or peer) > 25 %: other
+  sessions' processes, plus the kernel's loopback network work that no
+  process is charged for (a few to 20 % at the top loads).
 
 The tables print these flags next to the number they affect.
 """
@@ -28,6 +32,7 @@ NOT_ISSUED_SHARE = 0.005
 CPU_SHARE = 0.90
 LOOP_P99_MS = 25.0
 STEAL_SHARE = 0.05
+OTHERS_SHARE = 0.25
 
 
 def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
@@ -52,6 +57,9 @@ def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
     steal = doc.get("cpu_steal") or {}
     if any(v > STEAL_SHARE for v in steal.values()):
         flags.append("steal")
+    others = others_share(doc)
+    if any(v > OTHERS_SHARE for v in others.values()):
+        flags.append("others")
     return {
         "gen_lag_p99_ms": round(lag_p99, 2),
         "gen_not_issued_share": round(not_issued, 4),
@@ -63,8 +71,21 @@ def bottleneck(doc: dict[str, Any]) -> dict[str, Any]:
         "gateway_snapshot_p99_ms": round(loop_p99, 2),
         "cpu_busy": doc.get("cpu_busy"),
         "cpu_steal": doc.get("cpu_steal"),
+        "cpu_others": others,
         "flags": flags,
     }
+
+
+def others_share(doc: dict[str, Any]) -> dict[str, float]:
+    """Per CPU, the share busy with neither steal nor our own processes ({} without data)."""
+    busy, steal, share = doc.get("cpu_busy") or {}, doc.get("cpu_steal") or {}, doc["cpu_share"]
+    wall = doc.get("wall_s") or 0.0
+    if not busy or not wall:
+        return {}
+    gen = (doc["summary"]["generator"].get("cpu_s") or 0.0) / wall
+    ours = {"0": share.get("sim", 0.0) + gen, "1": share.get("gateway", 0.0)}
+    return {cpu: round(max(0.0, busy[cpu] - steal.get(cpu, 0.0) - mine), 3)
+            for cpu, mine in ours.items() if cpu in busy}  # fmt: skip
 
 
 def calibration_ok(docs: list[dict[str, Any]]) -> bool:

@@ -26,7 +26,14 @@ def header(meta: dict[str, Any]) -> list[str]:
         f"- Seeds: simulator and schedule seed {meta['seed']} in every run; constant arrivals.",
         "- Pinning: gateway alone on CPU 1; simulator and generator (this process, the lean "
         "HTTP/1.1 client on uvloop, open loop) on CPU 0. A fresh simulator and gateway for "
-        "every run.",
+        "every run."
+        + (
+            f" The sweep and every process it starts ran at nice {meta['nice']} (other "
+            "sessions' processes on the shared machine then take about 1 % of a CPU ours are "
+            "busy on; `others` in the bottleneck table is what they took)."
+            if meta.get("nice") is not None and meta["nice"] < 0
+            else ""
+        ),
         "- **Peers** (issue 32, `experiments/_harness/peers.py`) run in the gateway's place, "
         "alone on CPU 1, one process each, a fresh one every run, same generator, seeds and "
         "simulator: `haproxy-N` is HAProxy 2.6 with `maxconn N` on the server and the rest "
@@ -55,7 +62,9 @@ def header(meta: dict[str, Any]) -> list[str]:
         "Critical p99 is from the intended send time over every completed critical request.",
         "- A cell flagged `[gen-lag]`, `[not-issued]`, `[gw-cpu]`, `[gw-loop]` or `[sim-cpu]` was "
         "limited by our own processes, not only by the simulated backend (see the last table); "
-        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run.",
+        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run; `[others]`: "
+        "more than 25 % of a CPU went to neither steal nor our processes (other sessions, "
+        "and the kernel's loopback work no process is charged for).",
         "- The generator: the lean HTTP/1.1 client at `SCHED_FIFO` on CPU 0 (held: "
         f"{meta.get('generator_policy', '-')}), cyclic GC paused while offering, 100 ms worth "
         "of keep-alive connections opened before the first send, and 500 ms of grace past a "

@@ -206,11 +206,12 @@ def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
     """Every run's own-process signals."""
     head = ["run", "k", "gen lag p99 ms", "not issued", "gen us/req", "gateway (or peer) CPU",
             "gateway /snapshot p50 / p99 ms", "sim CPU", "CPU0 / CPU1 busy",
-            "CPU0 / CPU1 steal", "flags"]  # fmt: skip
+            "CPU0 / CPU1 steal", "CPU0 / CPU1 others", "flags"]  # fmt: skip
     rows = [_row(head), _row(["---"] * len(head))]
     for d in docs:
         b = em.metrics(d)["bottleneck"]
         busy, steal = b["cpu_busy"] or {}, b.get("cpu_steal") or {}
+        others = b.get("cpu_others") or {}
         name = d["spec"]["name"] + (" +" if d.get("merged_from") else "")
         rows.append(_row([name, f"{d['spec']['k']:g}", f"{b['gen_lag_p99_ms']:.1f}",
             f"{b['gen_not_issued_share']:.2%}", f"{b['gen_cpu_us_per_request'] or 0:.0f}",
@@ -220,6 +221,7 @@ def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
             f"{b['sim_cpu_share']:.0%}",
             f"{busy.get('0', 0):.0%} / {busy.get('1', 0):.0%}",
             (f"{steal['0']:.1%} / {steal['1']:.1%}" if steal else "-"),
+            (f"{others['0']:.0%} / {others['1']:.0%}" if len(others) == 2 else "-"),
             ", ".join(b["flags"]) or "-"]))  # fmt: skip
     return rows
 

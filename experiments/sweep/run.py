@@ -54,7 +54,7 @@ from typing import Any
 
 import uvloop
 
-from experiments._harness.cpu import pin_self
+from experiments._harness.cpu import favour_self, pin_self
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
 from experiments.sweep import metrics as em
@@ -155,7 +155,8 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     started = time.monotonic()
     meta: dict[str, Any] = {"machine": machine(), "versions": versions(), "seed": exp_plan.SEED,
                             "out_dir": str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
-                                           else out), "command": args.command}  # fmt: skip
+                                           else out), "command": args.command,
+                            "nice": getattr(args, "nice", None)}  # fmt: skip
     if args.dilate == "auto":
         k, meta["calibration"] = await calibrate(out / "calibration")
     else:
@@ -264,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
+    args.nice = favour_self()
     try:
         uvloop.run(experiment(args, out))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -201,3 +201,27 @@ def test_header_names_the_command_the_redraw_and_the_merged_runs() -> None:
     assert "redrawn by `python -m experiments.sweep --report-only runs/a --merge runs/b`" in text
     assert "`runs/b` (2026-12-03 10:29:00 UTC, 3 run(s) per cell: 5 cells, marked `+`)" in text
     assert "`haproxy-N` is HAProxy 2.6" in text
+
+
+def test_others_share_is_what_neither_steal_nor_our_processes_took() -> None:
+    """CPU 1 busy 90 % with the gateway at 40 % and no steal: 50 % others, flagged."""
+    from experiments.sweep.checks import bottleneck, others_share
+
+    doc = _doc("sweep", "gradient", 12, cpu=0.4)
+    doc.update(cpu_busy={"0": 0.5, "1": 0.9}, cpu_steal={"0": 0.0, "1": 0.0}, wall_s=10.0)
+    doc["summary"]["generator"]["cpu_s"] = 2.0  # 20 % of CPU 0, the simulator 10 %
+    assert others_share(doc) == {"0": 0.2, "1": 0.5}
+    assert "others" in bottleneck(doc)["flags"]
+    doc["cpu_busy"] = {"0": 0.4, "1": 0.5}
+    assert "others" not in bottleneck(doc)["flags"]
+
+
+def test_favour_self_returns_the_nice_value_held() -> None:
+    """Raising priority needs root; either way the value returned is the one in force."""
+    import os
+
+    from experiments._harness.cpu import favour_self
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    held = favour_self(before)  # asking for the current value changes nothing
+    assert held == before == os.getpriority(os.PRIO_PROCESS, 0)

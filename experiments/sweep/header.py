@@ -62,9 +62,9 @@ def header(meta: dict[str, Any]) -> list[str]:
         "Critical p99 is from the intended send time over every completed critical request.",
         "- A cell flagged `[gen-lag]`, `[not-issued]`, `[gw-cpu]`, `[gw-loop]` or `[sim-cpu]` was "
         "limited by our own processes, not only by the simulated backend (see the last table); "
-        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run; `[others]`: "
-        "more than 25 % of a CPU went to neither steal nor our processes (other sessions, "
-        "and the kernel's loopback work no process is charged for).",
+        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run. The `others` "
+        "column there is the share of each CPU that went to neither steal nor our processes "
+        "(other sessions, and the kernel's loopback work no process is charged for).",
         "- The generator: the lean HTTP/1.1 client at `SCHED_FIFO` on CPU 0 (held: "
         f"{meta.get('generator_policy', '-')}), cyclic GC paused while offering, 100 ms worth "
         "of keep-alive connections opened before the first send, and 500 ms of grace past a "

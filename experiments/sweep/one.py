@@ -36,6 +36,7 @@ from experiments._harness.cpu import (
     busy_all,
     cpu_s,
     cpu_ticks,
+    favour,
     realtime,
     status_kb,
     steal_all,
@@ -237,6 +238,9 @@ async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, An
             gw = start_gateway(
                 procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec)
             )
+        for target in (sim, gw, peer):
+            if target is not None and target.pid:
+                favour(target.pid)  # each is its own session (autogroup): see cpu.favour
         with realtime() as policy:
             doc = await drive(spec, sim, gw, progress, peer)
     finally:

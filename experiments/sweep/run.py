@@ -54,7 +54,7 @@ from typing import Any
 
 import uvloop
 
-from experiments._harness.cpu import favour_self, pin_self
+from experiments._harness.cpu import favour, pin_self
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
 from experiments.sweep import metrics as em
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
-    args.nice = favour_self()
+    args.nice = favour()
     try:
         uvloop.run(experiment(args, out))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -215,12 +215,22 @@ def test_others_share_is_what_neither_steal_nor_our_processes_took() -> None:
     assert bottleneck(doc)["flags"] == []
 
 
-def test_favour_self_returns_the_nice_value_held() -> None:
-    """Raising priority needs root; either way the value returned is the one in force."""
+def test_favour_sets_a_child_s_nice_and_its_autogroup_s(tmp_path: Path) -> None:
+    """A child in its own session gets the nice asked for, and so does its autogroup."""
     import os
+    import subprocess
+    import sys
 
-    from experiments._harness.cpu import favour_self
+    from experiments._harness.cpu import favour
 
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    held = favour_self(before)  # asking for the current value changes nothing
-    assert held == before == os.getpriority(os.PRIO_PROCESS, 0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             start_new_session=True)  # fmt: skip
+    try:
+        wanted = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)  # raising nice: no privilege
+        assert favour(child.pid, wanted) == wanted
+        group = Path(f"/proc/{child.pid}/autogroup")
+        if group.exists():
+            assert group.read_text().split()[-1] == str(wanted)
+    finally:
+        child.kill()
+        child.wait()

@@ -28,9 +28,10 @@ def header(meta: dict[str, Any]) -> list[str]:
         "HTTP/1.1 client on uvloop, open loop) on CPU 0. A fresh simulator and gateway for "
         "every run."
         + (
-            f" The sweep and every process it starts ran at nice {meta['nice']} (other "
-            "sessions' processes on the shared machine then take about 1 % of a CPU ours are "
-            "busy on; `others` in the bottleneck table is what they took)."
+            f" The sweep and every process it starts ran at nice {meta['nice']}, each in a "
+            "scheduling autogroup of that nice (other sessions' processes on the shared "
+            "machine then get about 1 % of a CPU ours are busy on; `others` in the bottleneck "
+            "table is what they took of the rest)."
             if meta.get("nice") is not None and meta["nice"] < 0
             else ""
         ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -23,6 +23,29 @@ def pin_self(cpu: int) -> None:
     """Pin this process to ``cpu`` when the machine has more than one."""
     if can_pin():
         os.sched_setaffinity(0, {cpu})
+
+
+#: The nice value ``favour`` asks for: CFS gives a nice -20 entity about 87 times the weight
+#: of a nice-0 one (and 800 times a nice-10 one), so a neighbour's work on a shared machine
+#: takes about 1 % of a CPU we are busy on instead of half of it.
+FAVOURED_NICE = -20
+
+
+def favour(pid: int = 0, nice: int = FAVOURED_NICE) -> int:
+    """Lower ``pid``'s nice value and its autogroup's (0: this process); return the nice held.
+
+    With ``kernel.sched_autogroup_enabled`` (this machine) every session is its
+    own scheduling group and a process's nice only ranks it within its group;
+    groups share a CPU by the group's nice (``/proc/<pid>/autogroup``), so both
+    are set. Our children start their own sessions (``Procs.start``), so each
+    is favoured after it starts. Without the privilege (not root, no
+    CAP_SYS_NICE) nothing changes and the current value is returned.
+    """
+    with suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    with suppress(OSError):
+        Path(f"/proc/{pid or 'self'}/autogroup").write_text(str(nice))
+    return os.getpriority(os.PRIO_PROCESS, pid)
 
 
 @contextmanager

@@ -13,6 +13,8 @@ from typing import Any
 
 from experiments.sweep.checks import bottleneck
 
+#: The loads of the reference's sweep (its columns); ours may add more (24x).
+REFERENCE_LOADS = (1, 2, 4, 8, 12)
 REFERENCE_SWEEP: dict[str, tuple[list[int], str]] = {
     "fixed-16": ([158, 165, 166, 165, 180], "735 / 735"),
     "fixed-64": ([122, 311, 374, 368, 385], "731 / 735"),
@@ -68,6 +70,7 @@ def metrics(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "classes": path_classes(tiers, k),
         "k": k,
+        "duration_s": doc["spec"].get("duration_s"),
         "critical_sent": crit["sent"] + crit["not_issued"],
         "critical_served": crit["served"],
         "critical_p99_ms": None if p99_all is None else p99_all / k,
@@ -76,6 +79,8 @@ def metrics(doc: dict[str, Any]) -> dict[str, Any]:
         "sent_total": sum(t["sent"] + t["not_issued"] for t in tiers.values()),
         "shed_by_reason": _shed_by_reason(tiers),
         "sim_served": sim.get("served"),
+        "gateway_cpu_share": doc["cpu_share"].get("gateway"),
+        "rss_peak_mb": _rss_mb(doc),
         "sim_late": sim.get("finished_after_deadline"),
         "limit": limit_range(doc["samples"]),
         "limit_during_change": _during_change(doc),
@@ -122,6 +127,12 @@ def path_classes(tiers: dict[str, Any], k: float) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _rss_mb(doc: dict[str, Any]) -> float | None:
+    """The gateway's (or peer's) peak RSS in MB at the end of the run (older runs: None)."""
+    kb = (doc.get("rss_peak_kb") or {}).get("gateway")
+    return None if not kb else round(kb / 1024, 1)
+
+
 def _during_change(doc: dict[str, Any]) -> dict[str, Any] | None:
     events = [e[0] for e in doc["spec"]["events"]]
     if len(events) < 2:
@@ -138,9 +149,11 @@ def _shed_by_reason(tiers: dict[str, Any]) -> dict[str, int]:
 
 
 def flag_text(m: dict[str, Any]) -> str:
-    """`` [gen-lag, gw-cpu]`` when the run was limited by our own processes, else ``""``."""
+    """`` [gen-lag, gw-cpu]`` when the run was limited by our own processes, else ``""``;
+    `` +`` after it for a cell taken from another run (``reps.merge``)."""
     flags = m["bottleneck"]["flags"]
-    return f" [{', '.join(flags)}]" if flags else ""
+    mark = " +" if m.get("merged") else ""
+    return (f" [{', '.join(flags)}]" if flags else "") + mark
 
 
 def fmt_ms(value: float | None) -> str:

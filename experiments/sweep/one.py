@@ -1,12 +1,15 @@
 """One experiment run: a fresh simulator and gateway, one open-loop load, samples.
 
 The simulator is pinned to CPU 0 together with this process (the generator),
-the gateway to CPU 1 alone (``taskset`` via ``_harness.procs.Procs``). While the
+the gateway (or a peer in its place: HAProxy or nginx, ``_harness/peers.py``)
+to CPU 1 alone (``taskset`` via ``_harness.procs.Procs``). While the
 load runs, ``/snapshot`` of the gateway's admin port is sampled every
 ``SAMPLE_PERIOD_S`` (limit, in-flight, queue depth, and how long the answer
-took: the gateway's event-loop lag plus a little of ours), and the backend
-changes of the spec are applied through the simulator's ``POST /profile`` at
-their times. CPU of the gateway and the simulator come from ``/proc``.
+took: the gateway's event-loop lag plus a little of ours; a peer has no
+snapshot), and the backend changes of the spec are applied through the
+simulator's ``POST /profile`` at their times. CPU of the gateway (or peer)
+and the simulator come from ``/proc``, and so does the gateway's peak RSS
+(``VmHWM``) at the end of the run.
 
 The generator runs each load at ``SCHED_FIFO`` (``_harness.cpu.realtime``)
 with its keep-alive connections opened before the first send and the cyclic
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +32,26 @@ import aiohttp
 from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
 from ballast_tools.loadgen.schedule import Schedule, make_path_tiers, make_tiers
-from experiments._harness.cpu import busy_all, cpu_s, cpu_ticks, realtime, steal_all, steal_ticks
+from experiments._harness.cpu import (
+    busy_all,
+    cpu_s,
+    cpu_ticks,
+    favour,
+    realtime,
+    status_kb,
+    steal_all,
+    steal_ticks,
+)
 from experiments._harness.jsonio import get_json, post_json, wait_ok
+from experiments._harness.peers import Peer, is_peer, parse_peer, start_peer
 from experiments._harness.procs import Procs
 from experiments._harness.servers import Target, start_gateway, start_sim
 from experiments.sweep.plan import (
     BURST,
+    CAPACITY_1X_RPS,
     DEADLINES_S,
     FAST_MS,
+    HETERO_1X_RPS,
     HETERO_CLASSES,
     MIX,
     QUIET_RPS,
@@ -135,17 +151,31 @@ def quiet_schedule(config: LoadConfig) -> Schedule:
     return Schedule(offsets, [fast] * n + [slow] * BURST, tiers, config.duration_s)
 
 
+def peer_of(spec: RunSpec) -> Peer:
+    """The peer of a ``haproxy-N`` / ``nginx-N`` run: HAProxy's queue timeout is the shortest
+    deadline, nginx's rate the scenario's 1x (both x k / k like the rest of the run)."""
+    shortest = min([*DEADLINES_S, *(c[4] for c in HETERO_CLASSES)])
+    one_x = HETERO_1X_RPS if spec.scenario in ("hetero", "quiet") else CAPACITY_1X_RPS
+    peer = parse_peer(spec.limiter, queue_timeout_s=shortest, rate_rps=one_x)
+    return replace(peer, queue_timeout_s=peer.queue_timeout_s * spec.k, rate_rps=one_x / spec.k)
+
+
 async def drive(
-    spec: RunSpec, sim: Target, gw: Target | None, progress: Progress
+    spec: RunSpec, sim: Target, gw: Target | None, progress: Progress, peer: Target | None = None
 ) -> dict[str, Any]:
-    """Run the load against a started pair (``gw`` None: the simulator directly)."""
+    """Run the load against a started pair (``gw`` and ``peer`` None: the simulator directly).
+
+    ``peer``: HAProxy or nginx in the gateway's place (measured as the gateway,
+    no ``/snapshot`` samples).
+    """
     samples: list[list[float]] = []
-    pids = {"gateway": gw.pid if gw else 0, "sim": sim.pid}
+    front = gw or peer
+    pids = {"gateway": front.pid if front and front.pid else 0, "sim": sim.pid}
     async with aiohttp.ClientSession() as http:
         await wait_ok(http, f"{sim.admin}/health")
         if gw is not None:
             await wait_ok(http, f"{gw.admin}/health")
-        config = _load_config(spec, f"{(gw or sim).base}/")
+        config = _load_config(spec, f"{(front or sim).base}/")
         schedule = quiet_schedule(config) if spec.scenario == "quiet" else None
         runner = LoadRunner(config, schedule)
         cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
@@ -166,6 +196,7 @@ async def drive(
             await asyncio.gather(*helpers, return_exceptions=True)
         wall = time.monotonic() - wall0
         cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
+        rss = {name: status_kb(pid, "VmHWM") for name, pid in pids.items() if pid}
         busy, steal = busy_all(ticks0), steal_all(steal0, ticks0)
         sim_stats = await get_json(http, f"{sim.admin}/stats")
     return {
@@ -173,6 +204,7 @@ async def drive(
         "summary": summarize(result),
         "samples": samples,
         "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
+        "rss_peak_kb": rss,
         "cpu_busy": busy,
         "cpu_steal": steal,
         "wall_s": round(wall, 2),
@@ -191,7 +223,7 @@ def _spec_doc(spec: RunSpec) -> dict[str, Any]:
 
 
 async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, Any]:
-    """Start the simulator and the gateway for ``spec``, drive it, stop both by PID."""
+    """Start the simulator and the gateway (or the peer) for ``spec``, drive it, stop by PID."""
     procs = Procs(work)
     try:
         sim = start_sim(
@@ -199,15 +231,18 @@ async def run_one(spec: RunSpec, work: Path, progress: Progress) -> dict[str, An
             fast_ms=FAST_MS * spec.k, slow_ms=SLOW_MS * spec.k, seed=spec.seed,
             paths=sim_paths(spec),
         )  # fmt: skip
-        gw = (
-            None
-            if spec.limiter == "direct"
-            else start_gateway(
+        gw = peer = None
+        if is_peer(spec.limiter):
+            peer = start_peer(procs, peer_of(spec), sim.port, GATEWAY_CPU)
+        elif spec.limiter != "direct":
+            gw = start_gateway(
                 procs, f"{spec.name}-gateway", sim.base, GATEWAY_CPU, gateway_yaml(spec)
             )
-        )
+        for target in (sim, gw, peer):
+            if target is not None and target.pid:
+                favour(target.pid)  # each is its own session (autogroup): see cpu.favour
         with realtime() as policy:
-            doc = await drive(spec, sim, gw, progress)
+            doc = await drive(spec, sim, gw, progress, peer)
     finally:
         procs.stop_all()
     doc["affinity"] = {"gateway": GATEWAY_CPU, "sim": SIM_CPU, "generator": GENERATOR_CPU}

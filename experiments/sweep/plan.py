@@ -35,10 +35,17 @@ MODEL_CAPACITY_RPS = 8 / (0.95 * 0.025 + 0.05 * 0.120)
 FAST_MS, SLOW_MS = 25.0, 120.0
 DEADLINES_S = (0.4, 1.0, 3.0)
 MIX = (5.0, 35.0, 60.0)
-SWEEP_LOADS = (1, 2, 4, 8, 12)
-SWEEP_LIMITERS = ("fixed-16", "fixed-64", "fixed-256", "gradient")
+#: 24x (6,000 rps, issue 31): the overload headroom; the reference stops at 12x.
+SWEEP_LOADS = (1, 2, 4, 8, 12, 24)
+FIXED = ("fixed-16", "fixed-64", "fixed-256")
+#: What users would run instead (issue 32; ``experiments/_harness/peers.py``): HAProxy with
+#: a priority-class queue at three maxconn, nginx with max_conns and limit_conn/limit_req.
+PEERS = ("haproxy-16", "haproxy-64", "haproxy-256", "nginx-32")
+SWEEP_LIMITERS = (*FIXED, "gradient", *PEERS)
 #: The default and the fixed limits, plus the other adaptive algorithms as competitors.
-CHANGE_LIMITERS = ("fixed-16", "fixed-64", "fixed-256", "gradient", "gradient2", "vegas")
+CHANGE_LIMITERS = (*FIXED, "gradient", "gradient2", "vegas", *PEERS)
+#: Names ``--limiters`` expands: ``--limiters gradient,fixed,peers``.
+LIMITER_GROUPS = {"fixed": FIXED, "peers": PEERS, "haproxy": PEERS[:3]}
 SWING_RPS = 1600.0
 SEED = 1
 
@@ -116,11 +123,11 @@ def early_drop(duration_s: float, loads: tuple[float, ...]) -> list[RunSpec]:
 
 
 def full_plan() -> list[RunSpec]:
-    """``make experiment``: 56 runs per repetition (table 4: 24 of them, issue 28).
+    """``make experiment``: 110 runs per repetition (table 4: 40 of them, issue 28).
 
     Gradient2 and Vegas run in the degrade and the swing (where the limit has to
-    move); the early-drop rows (``early_drop()``, no effect in the last run
-    that had them) are left out to keep three repetitions under half an hour.
+    move); the peers (issue 32) in every table; the early-drop rows
+    (``early_drop()``, no effect in the last run that had them) are left out.
     """
     return [
         *sweep(10.0, SWEEP_LOADS, SWEEP_LIMITERS),
@@ -158,7 +165,7 @@ HETERO_CLASSES: tuple[tuple[str, float, float, int, float], ...] = (
 )
 HETERO_1X_RPS = 200.0
 HETERO_LOADS = (0.5, 1, 4, 12)
-HETERO_LIMITERS = ("gradient", "gradient-one", "fixed-16", "fixed-64", "fixed-256")
+HETERO_LIMITERS = ("gradient", "gradient-one", *FIXED, *PEERS)
 #: The quiet spell then burst: fast requests at this rate, then this many slow ones at once.
 QUIET_RPS, QUIET_S, BURST = 20.0, 10.0, 40
 
@@ -207,6 +214,16 @@ def with_limiters(plan: list[RunSpec], limiters: tuple[str, ...]) -> list[RunSpe
         if spec.limiter == "gradient":
             out += [replace(spec, limiter=lim) for lim in extra]
     return out
+
+
+def expand_limiters(text: str) -> tuple[str, ...]:
+    """``"gradient,fixed,peers"`` -> the names, groups (``LIMITER_GROUPS``) expanded, in order."""
+    out: list[str] = []
+    for name in (n.strip() for n in text.split(",")):
+        for lim in LIMITER_GROUPS.get(name, (name,)):
+            if lim and lim not in out:
+                out.append(lim)
+    return tuple(out)
 
 
 def parse_limiter(limiter: str) -> tuple[str, int | None]:

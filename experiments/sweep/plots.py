@@ -21,7 +21,9 @@ from experiments.sweep.metrics import metrics
 
 COLORS = {"fixed-16": "tab:blue", "fixed-64": "tab:orange", "fixed-256": "tab:red",
           "gradient2": "tab:purple", "vegas": "tab:brown",
-          "gradient": "tab:green", "gradient + early drop": "tab:olive"}  # fmt: skip
+          "gradient": "tab:green", "gradient + early drop": "tab:olive",
+          "haproxy-16": "tab:cyan", "haproxy-64": "tab:pink", "haproxy-256": "tab:gray",
+          "nginx-32": "black"}  # fmt: skip
 
 
 def _runs(docs: list[dict[str, Any]], scenario: str) -> list[dict[str, Any]]:
@@ -39,7 +41,9 @@ def plot_sweep(docs: list[dict[str, Any]], path: Path) -> None:
     for label, points in by_label.items():
         points.sort(key=lambda p: p[0])
         xs = [x for x, _ in points]
-        style = {"marker": "o", "color": COLORS.get(label), "label": label}
+        peer = label.startswith(("haproxy-", "nginx-"))
+        style = {"marker": "s" if peer else "o", "color": COLORS.get(label), "label": label,
+                 "ls": "--" if peer else "-"}  # fmt: skip
         ax1.plot(xs, [m["critical_p99_ms"] or 0 for _, m in points], **style)
         shares = [100 * m["critical_served"] / max(1, m["critical_sent"]) for _, m in points]
         ax2.plot(xs, shares, **style)
@@ -58,8 +62,9 @@ def plot_sweep(docs: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_limits(docs: list[dict[str, Any]], scenario: str, path: Path, title: str) -> None:
-    """Limit and in-flight over time, one panel per limiter, changes shaded."""
-    runs = _runs(docs, scenario)
+    """Limit and in-flight over time, one panel per limiter, changes shaded (not the peers:
+    their limit is a constant and they have no ``/snapshot`` to sample)."""
+    runs = [d for d in _runs(docs, scenario) if d["samples"]]
     if not runs:
         return
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.8), squeeze=False)
@@ -89,8 +94,9 @@ def plot_swing_served(docs: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.2))
     for d in runs:
         per_s = [sum(t["served"] for t in sec.values()) for sec in d["summary"]["timeline"]]
+        peer = d["spec"]["label"].startswith(("haproxy-", "nginx-"))
         ax.plot(range(len(per_s)), per_s, marker=".", color=COLORS.get(d["spec"]["label"]),
-                label=d["spec"]["label"])  # fmt: skip
+                label=d["spec"]["label"], ls="--" if peer else "-")  # fmt: skip
     events = [e[0] for e in runs[0]["spec"]["events"]]
     if len(events) >= 2:
         ax.axvspan(events[0], events[1], color="grey", alpha=0.15, label="64 workers")

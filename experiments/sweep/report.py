@@ -9,14 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from experiments._harness.peers import is_peer, parse_peer
 from experiments.sweep import metrics as em
-from experiments.sweep.plan import (
-    CAPACITY_1X_RPS,
-    HETERO_1X_RPS,
-    HETERO_CLASSES,
-    MODEL_CAPACITY_RPS,
-    SWEEP_LOADS,
-)
+from experiments.sweep.header import header
+from experiments.sweep.plan import HETERO_1X_RPS, HETERO_CLASSES
 from experiments.sweep.reps import combine, group, median_run, spread_text
 
 NOTES_MARKER = "<!-- notes -->"
@@ -36,12 +32,18 @@ def _labels(idx: Index, scenario: str) -> list[str]:
     return seen
 
 
+#: The sweep table shows critical served at these loads (the reference's at 12x).
+SERVED_AT = (12.0, 24.0)
+
+
 def sweep_table(idx: Index) -> list[str]:
-    """Table 1: critical p99 per load (ours, reference in brackets); served at 12x."""
+    """Table 1: critical p99 per load (ours, reference in brackets); served at 12x and 24x."""
     loads = sorted({x for sc, _, x in idx if sc == "sweep"})
     if not loads:
         return ["(not run)"]
-    head = ["limiter", *[f"{x:g}x" for x in loads], f"critical served at {loads[-1]:g}x"]
+    served_at = [x for x in loads if x in SERVED_AT] or loads[-1:]
+    head = ["limiter", *[f"{x:g}x" for x in loads],
+            *[f"critical served at {x:g}x" for x in served_at]]  # fmt: skip
     rows = [_row(head), _row(["---"] * len(head))]
     for label in _labels(idx, "sweep"):
         ref = em.REFERENCE_SWEEP.get(label)
@@ -55,18 +57,57 @@ def sweep_table(idx: Index) -> list[str]:
                 + spread_text(m, "critical_p99_ms")
                 + em.flag_text(m)
             )
-            ref_x = ref[0][SWEEP_LOADS.index(int(x))] if ref and int(x) in SWEEP_LOADS else None
+            in_ref = ref is not None and x in em.REFERENCE_LOADS
+            ref_x = ref[0][em.REFERENCE_LOADS.index(int(x))] if ref and in_ref else None
             cells.append(ours + (f" ({ref_x})" if ref_x is not None else ""))
-        last = idx.get(("sweep", label, loads[-1]))
-        served = (
-            "-"
-            if last is None
-            else f"{last['critical_served']:,}{spread_text(last, 'critical_served')}"
-            f" / {last['critical_sent']:,}"
-        )
-        cells.append(served + (f" ({ref[1]})" if ref else ""))
+        for x in served_at:
+            at = idx.get(("sweep", label, x))
+            served = (
+                "-"
+                if at is None
+                else f"{at['critical_served']:,}{spread_text(at, 'critical_served')}"
+                f" / {at['critical_sent']:,}"
+            )
+            cells.append(served + (f" ({ref[1]})" if ref and x == 12 else ""))
         rows.append(_row(cells))
     return rows
+
+
+def cpu_table(idx: Index) -> list[str]:
+    """Issue 31: the gateway's (or the peer's) share of its core per sweep cell, and peak RSS."""
+    loads = sorted({x for sc, _, x in idx if sc == "sweep"})
+    if not loads:
+        return []
+    head = ["limiter", *[f"{x:g}x" for x in loads], f"peak RSS at {loads[-1]:g}x"]
+    rows = [_row(head), _row(["---"] * len(head))]
+    for label in _labels(idx, "sweep"):
+        cells = [label]
+        for x in loads:
+            m = idx.get(("sweep", label, x))
+            share = None if m is None else m.get("gateway_cpu_share")
+            cells.append("-" if share is None else f"{share:.0%}" + _pct_spread(m))
+        top = idx.get(("sweep", label, loads[-1]))
+        rss = None if top is None else top.get("rss_peak_mb")
+        cells.append("-" if rss is None else f"{rss:,.0f} MB")
+        rows.append(_row(cells))
+    return rows
+
+
+def _pct_spread(m: dict[str, Any] | None) -> str:
+    rng = (m or {}).get("range", {}).get("gateway_cpu_share")
+    if not m or m.get("n", 1) < 2 or not rng:
+        return ""
+    return f" ({rng[0]:.0%}-{rng[1]:.0%})"
+
+
+def limit_text(label: str, m: dict[str, Any]) -> str:
+    """The limit column: the range it moved through, or a peer's constant."""
+    if is_peer(label):
+        peer = parse_peer(label)
+        what = "maxconn" if peer.kind == "haproxy" else "max_conns"
+        return f"{what} {peer.limit} (constant)"
+    during = m["limit_during_change"]
+    return em.fmt_range(m["limit"]) + ("; " + em.fmt_range(during) if during else "")
 
 
 def early_drop_table(idx: Index) -> list[str]:
@@ -91,28 +132,40 @@ def early_drop_table(idx: Index) -> list[str]:
 
 
 def event_table(idx: Index, scenario: str) -> list[str]:
-    """Tables 2 and 3: what was served and the range the limit moved through."""
+    """Tables 2 and 3: what was served, critical p99, the range the limit moved through."""
     degrade = scenario == "degrade"
     ref_table = em.REFERENCE_DEGRADE if degrade else em.REFERENCE_SWING
     what = "critical served" if degrade else "requests served (all tiers)"
-    head = ["limiter", what, "x k (reference scale)", "reference", "limit range: whole run; "
-            "during the change", "reference range", "served per third"]  # fmt: skip
+    other = "requests served (all tiers)" if degrade else "critical served"
+    head = ["limiter", what, "x k (reference scale)", "reference", other, "critical p99",
+            "limit range: whole run; during the change", "reference range",
+            "served per third"]  # fmt: skip
     rows = [_row(head), _row(["---"] * len(head))]
     for (sc, label, _), m in idx.items():
         if sc != scenario:
             continue
-        served, sent = ((m["critical_served"], m["critical_sent"]) if degrade
-                        else (m["served_total"], m["sent_total"]))  # fmt: skip
-        key = "critical_served" if degrade else "served_total"
-        ours = f"{served:,}{spread_text(m, key)} / {sent:,} ({served / max(1, sent):.0%})"
+        main, second = ("critical", "total") if degrade else ("total", "critical")
+        served, sent = _served(m, main)
+        ours = f"{served:,}{spread_text(m, _key(main))} / {sent:,} ({served / max(1, sent):.0%})"
         scaled = f"{served * m['k']:,.0f} / {sent * m['k']:,.0f}"
+        o_served, o_sent = _served(m, second)
+        o_text = f"{o_served:,}{spread_text(m, _key(second))} / {o_sent:,}"
+        p99 = em.fmt_ms(m["critical_p99_ms"]) + spread_text(m, "critical_p99_ms")
         ref = ref_table.get(label, ("-", "-"))
         thirds = " / ".join(f"{n:,}" for n in m["phases"])
-        during = m["limit_during_change"]
-        ranges = em.fmt_range(m["limit"]) + ("; " + em.fmt_range(during) if during else "")
-        rows.append(_row([label, ours + em.flag_text(m), scaled, ref[0], ranges, ref[1],
-                          thirds]))  # fmt: skip
+        rows.append(_row([label, ours + em.flag_text(m), scaled, ref[0], o_text, p99,
+                          limit_text(label, m), ref[1], thirds]))  # fmt: skip
     return rows
+
+
+def _key(which: str) -> str:
+    return "critical_served" if which == "critical" else "served_total"
+
+
+def _served(m: dict[str, Any], which: str) -> tuple[int, int]:
+    if which == "critical":
+        return m["critical_served"], m["critical_sent"]
+    return m["served_total"], m["sent_total"]
 
 
 def hetero_table(idx: Index) -> list[str]:
@@ -151,72 +204,30 @@ def _burst_text(m: dict[str, Any]) -> str:
 
 def bottleneck_table(docs: list[dict[str, Any]]) -> list[str]:
     """Every run's own-process signals."""
-    head = ["run", "k", "gen lag p99 ms", "not issued", "gen us/req", "gateway CPU",
+    head = ["run", "k", "gen lag p99 ms", "not issued", "gen us/req", "gateway (or peer) CPU",
             "gateway /snapshot p50 / p99 ms", "sim CPU", "CPU0 / CPU1 busy",
-            "CPU0 / CPU1 steal", "flags"]  # fmt: skip
+            "CPU0 / CPU1 steal", "CPU0 / CPU1 others", "flags"]  # fmt: skip
     rows = [_row(head), _row(["---"] * len(head))]
     for d in docs:
         b = em.metrics(d)["bottleneck"]
         busy, steal = b["cpu_busy"] or {}, b.get("cpu_steal") or {}
-        rows.append(_row([d["spec"]["name"], f"{d['spec']['k']:g}", f"{b['gen_lag_p99_ms']:.1f}",
+        others = b.get("cpu_others") or {}
+        name = d["spec"]["name"] + (" +" if d.get("merged_from") else "")
+        rows.append(_row([name, f"{d['spec']['k']:g}", f"{b['gen_lag_p99_ms']:.1f}",
             f"{b['gen_not_issued_share']:.2%}", f"{b['gen_cpu_us_per_request'] or 0:.0f}",
             f"{b['gateway_cpu_share'] or 0:.0%}",
-            f"{b['gateway_snapshot_p50_ms']:.1f} / {b['gateway_snapshot_p99_ms']:.1f}",
+            (f"{b['gateway_snapshot_p50_ms']:.1f} / {b['gateway_snapshot_p99_ms']:.1f}"
+             if d["samples"] else "-"),
             f"{b['sim_cpu_share']:.0%}",
             f"{busy.get('0', 0):.0%} / {busy.get('1', 0):.0%}",
             (f"{steal['0']:.1%} / {steal['1']:.1%}" if steal else "-"),
+            (f"{others['0']:.0%} / {others['1']:.0%}" if len(others) == 2 else "-"),
             ", ".join(b["flags"]) or "-"]))  # fmt: skip
     return rows
 
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
-
-
-def header(meta: dict[str, Any]) -> list[str]:
-    """How, where and with what the run was made."""
-    m, v, k = meta["machine"], meta["versions"], meta["k"]
-    libs = ", ".join(f"{name} {ver}" for name, ver in v.items() if name != "python")
-    calib = "; ".join(f"k={c['k']:g}: {c['verdict']}" for c in meta.get("calibration", []))
-    return [
-        "# Results: adaptive concurrency against fixed limits",
-        "",
-        f"Generated by `make experiment` (`python -m experiments.sweep`) on {m['date_utc']} UTC; "
-        f"whole run {meta['total_s'] / 60:.1f} min. Raw data: `{meta['out_dir']}` (not in git).",
-        "",
-        f"- Machine: {m['cores']} cores, {m['cpu_model']}, {m['platform']}; load average at "
-        f"start {', '.join(str(x) for x in m['loadavg'])} (shared with other sessions: noisy).",
-        f"- Python {v['python']}; {libs}.",
-        f"- Seeds: simulator and schedule seed {meta['seed']} in every run; constant arrivals.",
-        "- Pinning: gateway alone on CPU 1; simulator and generator (this process, the lean "
-        "HTTP/1.1 client on uvloop, open loop) on CPU 0. A fresh simulator and gateway for "
-        "every run.",
-        f"- **Every cell is the median of {meta.get('reps', 1)} run(s)**, repetitions "
-        "outermost (configurations alternate); the range over the runs is in brackets after "
-        "the median, e.g. `176 ms (170-183)`. Limit ranges and per-third counts are those of "
-        "the cell's median run.",
-        f"- Backend: 8 workers, 25 / 120 ms, 5 % slow. Model capacity "
-        f"{MODEL_CAPACITY_RPS:.0f} rps, measured about 264 rps; **1x = {CAPACITY_1X_RPS:.0f} "
-        "rps** as in the reference (12x = 3,000 rps).",
-        f"- **Time dilation k = {k:g}**"
-        + (
-            " (real time, as the reference)."
-            if k == 1
-            else " (service times and deadlines x k, rates / k; run lengths not dilated; latencies "
-            "below divided by k)."
-        )
-        + f" How k was chosen: {calib or '-'}.",
-        "- Traffic 5 / 35 / 60 % critical / standard / bulk, deadlines 400 ms / 1 s / 3 s (x k). "
-        "Critical p99 is from the intended send time over every completed critical request.",
-        "- A cell flagged `[gen-lag]`, `[not-issued]`, `[gw-cpu]`, `[gw-loop]` or `[sim-cpu]` was "
-        "limited by our own processes, not only by the simulated backend (see the last table); "
-        "`[steal]`: the hypervisor took more than 5 % of a CPU during the run.",
-        "- The generator: the lean HTTP/1.1 client at `SCHED_FIFO` on CPU 0 (held: "
-        f"{meta.get('generator_policy', '-')}), cyclic GC paused while offering, 100 ms worth "
-        "of keep-alive connections opened before the first send, and 500 ms of grace past a "
-        "deadline before it closes a connection (docs/instruments.md).",
-        "",
-    ]
 
 
 def render(docs: list[dict[str, Any]], meta: dict[str, Any], targets: list[str]) -> str:
@@ -228,7 +239,11 @@ def render(docs: list[dict[str, Any]], meta: dict[str, Any], targets: list[str])
     out = header(meta)
     out += ["## 1. Latency and success against offered load", "",
             "Critical p99, ours (reference in brackets).", "", *sweep_table(idx), "",
-            "![sweep](img/exp_sweep.png)", ""]  # fmt: skip
+            "![sweep](img/exp_sweep.png)", "",
+            "### The gateway's (or peer's) share of its core (issue 31)", "",
+            "CPU 1 busy with the process in the gateway's place, median over the runs "
+            "(range); peak RSS (`VmHWM`) at the end of the run at the top load.", "",
+            *cpu_table(idx), ""]  # fmt: skip
     if any("early drop" in lab for _, lab, _ in idx):
         out += ["### Does admission early drop help? (gradient)", "", *early_drop_table(idx), ""]
     out += ["## 2. When the upstream degrades", "",

@@ -18,7 +18,8 @@ from experiments.sweep.metrics import metrics
 
 Key = tuple[str, str, float]
 NUMERIC = ("critical_p99_ms", "critical_p99_served_ms", "critical_served", "critical_sent",
-           "served_total", "sent_total", "sim_late", "sim_served")  # fmt: skip
+           "served_total", "sent_total", "sim_late", "sim_served", "gateway_cpu_share",
+           "rss_peak_mb")  # fmt: skip
 HEADLINE = {"sweep": "critical_p99_ms", "degrade": "critical_served", "swing": "served_total"}
 
 
@@ -63,7 +64,24 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["range"][key] = (min(vals), max(vals)) if vals else None
     flags = sorted({f for m in ms for f in m["bottleneck"]["flags"]})
     out["bottleneck"] = {**out["bottleneck"], "flags": flags}
+    out["merged"] = any(d.get("merged_from") for d in runs)
     return out
+
+
+def merge(
+    docs: list[dict[str, Any]], older: list[dict[str, Any]], source: str
+) -> tuple[list[dict[str, Any]], int]:
+    """``docs`` plus the cells of ``older`` that ``docs`` lacks or has fewer runs of.
+
+    Never fewer measurements: a cell of ``docs`` gives way only to one with more
+    repetitions. The runs taken from ``older`` carry ``merged_from = source``.
+    Returns the runs and how many cells came from ``older``.
+    """
+    mine, theirs = group(docs), group(older)
+    taken = {key for key, runs in theirs.items() if len(runs) > len(mine.get(key, []))}
+    out = [d for d in docs if cell_key(d) not in taken]
+    out += [{**d, "merged_from": source} for d in older if cell_key(d) in taken]
+    return out, len(taken)
 
 
 def representatives(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

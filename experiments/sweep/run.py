@@ -2,7 +2,7 @@
 heterogeneous endpoints (table 4, issue 28: three endpoint classes, and a quiet spell
 then a burst of slow requests).
 
-    python -m experiments.sweep                 # full: 3 x 56 runs, ~55 min, docs/results.md
+    python -m experiments.sweep                 # full: 3 x 108 runs, 1.5-2 h, docs/results.md
     python -m experiments.sweep --only hetero,quiet --reps 1   # table 4 alone, ~8 min
     python -m experiments.sweep --reps 1        # one run per cell (~8 min)
     python -m experiments.sweep --quick         # 3 short runs at 12x, k = 4, < 1 min, runs/ only
@@ -11,6 +11,10 @@ then a burst of slow requests).
     python -m experiments.sweep --dilate 1.5    # time dilation k (default 1: real time)
     python -m experiments.sweep --dilate auto   # the smallest k at which our processes keep up
     python -m experiments.sweep --report-only runs/exp-...   # redraw docs/ from saved raw data
+    # the peers beside gradient and the fixed limits, selected tables and loads, 3 repetitions:
+    python -m experiments.sweep --only sweep,degrade,swing,hetero --loads 1,4,12,24 \
+        --limiters gradient,fixed,peers --no-docs --out runs/exp-peers
+    python -m experiments.sweep --report-only runs/exp-peers --merge runs/t4-final
 
 Every run starts a fresh simulator and gateway (pinned, see ``one.py``),
 offers an open-loop load from this process (the lean HTTP/1.1 client) and
@@ -23,6 +27,18 @@ k in 1, 1.5, 2, 3 at which neither the generator (lag p99 > 10 ms or > 0.5 %
 not issued) nor the gateway (> 90 % of a core) was the bottleneck.
 ``--quick`` uses k = 4: it checks the qualitative shape, on a shared machine
 that may be busy with other work. Raw data goes to ``runs/exp-*/`` (gitignored).
+
+The peers (issue 32: ``haproxy-16``, ``haproxy-64``, ``haproxy-256``,
+``nginx-32``; ``experiments/_harness/peers.py``) run in every table in the
+gateway's place. ``--limiters`` takes names and groups (``fixed``, ``peers``,
+``haproxy``); ``--loads`` selects the loads of the tables that have several
+(sweep, heterogeneous endpoints) and leaves the degrade, swing and quiet
+cells alone. A subset run (``--only``, ``--limiters``, ``--loads``) or
+``--no-docs`` writes its report next to its raw data; ``--report-only DIR``
+redraws ``docs/results.md`` from ``DIR/results.json``, and ``--merge
+OTHER[,OTHER]`` adds the cells of other runs that ``DIR`` lacks (or has
+fewer repetitions of), marked ``+`` in the tables: measured numbers are never
+replaced by fewer.
 """
 
 from __future__ import annotations
@@ -38,16 +54,17 @@ from typing import Any
 
 import uvloop
 
-from experiments._harness.cpu import pin_self
+from experiments._harness.cpu import favour, pin_self
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
+from experiments.sweep import metrics as em
 from experiments.sweep import plan as exp_plan
 from experiments.sweep.checks import bottleneck, calibration_ok
 from experiments.sweep.metrics import metrics
 from experiments.sweep.one import GENERATOR_CPU, run_one
 from experiments.sweep.plots import plot_all
 from experiments.sweep.report import index, render, write
-from experiments.sweep.reps import representatives
+from experiments.sweep.reps import group, merge, representatives
 from experiments.sweep.targets import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +111,7 @@ class Progress:
         print(f"{chr(13) if self.tty else ''}[{self.i:2}/{self.n}] {doc['spec']['name']:<34} "
               f"critical {m['critical_served']}/{m['critical_sent']} "
               f"p99 {m['critical_p99_ms'] or 0:.0f} ms, served {m['served_total']}, "
-              f"limit {lim['min']}-{lim['max']}, flags {flags}"
+              f"limit {em.fmt_range(lim)}, flags {flags}"
               f"{' ' * 10}", flush=True)  # fmt: skip
 
 
@@ -138,7 +155,8 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     started = time.monotonic()
     meta: dict[str, Any] = {"machine": machine(), "versions": versions(), "seed": exp_plan.SEED,
                             "out_dir": str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
-                                           else out)}  # fmt: skip
+                                           else out), "command": args.command,
+                            "nice": getattr(args, "nice", None)}  # fmt: skip
     if args.dilate == "auto":
         k, meta["calibration"] = await calibrate(out / "calibration")
     else:
@@ -151,9 +169,9 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     if args.only:
         plan = [s for s in plan if s.scenario in args.only.split(",")]
     if args.limiters:
-        plan = exp_plan.with_limiters(plan, tuple(args.limiters.split(",")))
+        plan = exp_plan.with_limiters(plan, exp_plan.expand_limiters(args.limiters))
     if args.loads:
-        plan = [s for s in plan if f"{s.load_x:g}" in args.loads.split(",")]
+        plan = select_loads(plan, args.loads)
     meta["reps"] = args.reps
     specs = [s.repeated(r).dilated(k) for r in range(args.reps) for s in plan]
     print(f"time dilation k = {k:g}; {len(plan)} cells x {args.reps} repetitions", flush=True)
@@ -162,6 +180,33 @@ async def experiment(args: argparse.Namespace, out: Path) -> tuple[list[dict[str
     meta["generator_policy"] = ", ".join(sorted({d.get("generator_policy", "-") for d in docs}))
     (out / "results.json").write_text(json.dumps({"meta": meta, "runs": docs}))
     report(docs, meta, out, docs_dir=args.docs)
+    return docs, meta
+
+
+#: The scenarios with a load axis, which ``--loads`` selects from.
+LOAD_AXIS = ("sweep", "hetero")
+
+
+def select_loads(plan: list[exp_plan.RunSpec], loads: str) -> list[exp_plan.RunSpec]:
+    """The runs of ``plan`` at ``loads`` (``"1,4,12"``) in the sweep and table 4; others kept."""
+    wanted = {float(x) for x in loads.split(",")}
+    return [s for s in plan if s.scenario not in LOAD_AXIS or s.load_x in wanted]
+
+
+def merged(
+    docs: list[dict[str, Any]], meta: dict[str, Any], others: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``docs`` with the cells of the runs in ``others`` (``DIR[,DIR]``) they lack."""
+    meta = {**meta, "merged": []}
+    for other in (o for o in others.split(",") if o):
+        saved = json.loads((Path(other) / "results.json").read_text())
+        docs, cells = merge(docs, saved["runs"], saved["meta"].get("out_dir", other))
+        if cells:
+            reps = sorted({len(r) for r in group(saved["runs"]).values()})
+            meta["merged"].append({"out_dir": saved["meta"].get("out_dir", other),
+                                   "date_utc": saved["meta"]["machine"]["date_utc"],
+                                   "reps": "/".join(str(r) for r in reps),
+                                   "cells": cells})  # fmt: skip
     return docs, meta
 
 
@@ -181,21 +226,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dilate", default=None, help="time dilation k (1; quick 4), or 'auto'")
     p.add_argument("--reps", type=int, default=None, help="runs per cell (3; quick 1)")
     p.add_argument("--only", default=None, help="scenarios to run, e.g. sweep,swing")
-    p.add_argument("--limiters", default=None, help="limiters to run, e.g. gradient,fixed-64")
-    p.add_argument("--loads", default=None, help="sweep loads to run, e.g. 1,12")
+    p.add_argument(
+        "--limiters",
+        default=None,
+        help="limiters to run, e.g. gradient,fixed-64; groups: fixed, peers, haproxy",
+    )
+    p.add_argument("--loads", default=None, help="sweep / table 4 loads, e.g. 1,12 (others kept)")
     p.add_argument("--out", default=None, help="raw data directory (default runs/exp-*)")
     p.add_argument("--no-docs", action="store_true", help="full run, but keep docs/ untouched")
     p.add_argument("--report-only", metavar="DIR", help="redraw docs/ from DIR/results.json")
+    p.add_argument("--merge", metavar="DIR[,DIR]", default="",
+                   help="with --report-only: add other runs' cells that DIR lacks")  # fmt: skip
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; the report goes to docs/ only for a full run without --no-docs."""
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(given)
+    args.command = " ".join(["python -m experiments.sweep", *given])
     if args.report_only:
         saved = json.loads((Path(args.report_only) / "results.json").read_text())
-        report(saved["runs"], saved["meta"], Path(args.report_only), docs_dir=True)
+        docs, meta = merged(saved["runs"], saved["meta"], args.merge)
+        meta["redrawn_by"] = args.command
+        report(docs, meta, Path(args.report_only), docs_dir=True)
         return 0
+    if args.merge:
+        print("--merge goes with --report-only", file=sys.stderr)
+        return 2
     args.dilate = args.dilate or ("4" if args.quick else "1")
     args.reps = args.reps or (1 if args.quick else 3)
     args.docs = not (args.quick or args.no_docs or args.only or args.limiters or args.loads)
@@ -207,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     pin_self(GENERATOR_CPU)
+    args.nice = favour()
     try:
         uvloop.run(experiment(args, out))
     except (KeyboardInterrupt, asyncio.CancelledError):

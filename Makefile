@@ -45,12 +45,12 @@ system-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) \
 	    >/dev/null 2>&1 || echo "warning: could not install redis-server; rate-limit tests fail"; \
 	fi
-	@for tool in nginx:nginx wrk:wrk; do bin=$${tool%%:*}; pkg=$${tool##*:}; \
+	@for tool in nginx:nginx wrk:wrk haproxy:haproxy; do bin=$${tool%%:*}; pkg=$${tool##*:}; \
 	  if ! command -v $$bin >/dev/null 2>&1 && ! test -x /usr/sbin/$$bin \
 	      && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    echo "installing $$pkg (Debian) for make bench / bench-headroom"; \
+	    echo "installing $$pkg (Debian) for make bench / bench-headroom / the peers"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkg) \
-	      >/dev/null 2>&1 || echo "warning: could not install $$pkg; the headroom table skips"; \
+	      >/dev/null 2>&1 || echo "warning: could not install $$pkg; the headroom table and the peers fail"; \
 	  fi; \
 	done
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
@@ -68,13 +68,13 @@ test: lint typecheck pytest
 demo: $(STAMP)
 	$(PY) -m experiments.demo --duration $(DURATION)
 
-experiment: $(STAMP)
+experiment: $(STAMP) system-deps
 	$(PY) -m experiments.sweep
 
 experiment-pool: $(STAMP)
 	$(PY) -m experiments.pool --out experiments/pool/out
 
-experiment-quick: $(STAMP)
+experiment-quick: $(STAMP) system-deps
 	$(PY) -m experiments.sweep --quick
 
 experiment-canary: $(STAMP)

@@ -13,6 +13,10 @@ Small on purpose; import from the module that owns the name:
   Python pass-through), ``start_sim`` / ``sim_cmd`` (the simulator),
   ``start_gateway`` (the ``ballast`` CLI with a YAML text), ``start_uvicorn_gateway``
   (``uvicorn ballast_asgi.gateway:app``), ``find_binary`` / ``ensure_package``.
+- ``peers``: ``Peer`` / ``parse_peer("haproxy-64")`` / ``is_peer``, ``haproxy_config`` and
+  ``nginx_config`` (the configuration texts), ``start_peer(procs, peer, upstream_port, cpu)``:
+  HAProxy (``maxconn`` per server, priority-class queue) or nginx (``max_conns``,
+  ``limit_conn`` / ``limit_req`` off critical) in front of a backend, as their users set them.
 - ``redis``: ``start_redis()`` / ``redis_server()`` (a throwaway ``redis-server`` on a
   free port, ready when it answers PING), ``RedisProcess`` (``url``, ``stop``, ``kill``).
 - ``cpu``: ``pin_self``, ``cpu_s(pid)``, ``cpu_ticks()`` / ``busy_share`` / ``busy_all``,

@@ -28,6 +28,7 @@ from experiments.anchors.metrics import (
     Rec,
     converged_at,
     drift,
+    first_good,
     goodput_rps,
     limit_at,
     reaction_s,
@@ -67,6 +68,7 @@ def spike(doc: dict[str, Any]) -> dict[str, Any]:
     wins = windows(recs, change, end, SPIKE_WINDOW_S, STEP_S, by_completion=True)
     at = converged_at(wins, GOODPUT_BAR * cap)
     p99_at = converged_at(wins, 0.0)  # the latency half of the criterion alone
+    first, bad_after = first_good(wins, GOODPUT_BAR * cap)
     mid = (change + end) / 2
     late = goodput_rps(recs, mid, end)
     crit = tier_counts(recs, 0, change, end)
@@ -75,6 +77,9 @@ def spike(doc: dict[str, Any]) -> dict[str, Any]:
         "converged_s": None if at is None else at - change,
         "service_times": None if at is None else (at - change) / service_s,
         "p99_ok_s": None if p99_at is None else p99_at - change,
+        "first_good_s": None if first is None else first - change,
+        "bad_after": bad_after,
+        "windows": len(wins),
         "goodput_share": goodput_rps(recs, change, end) / cap,
         "late_goodput_share": late / cap,
         "collapsed": late < COLLAPSE_BAR * cap,

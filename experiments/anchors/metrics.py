@@ -103,11 +103,24 @@ def _at(r: Rec, by_completion: bool) -> float:
     return r[0]
 
 
+def _good(w: Window, goodput_min_rps: float) -> bool:
+    return w.goodput_rps >= goodput_min_rps and w.admitted_ok
+
+
+def first_good(wins: Sequence[Window], goodput_min_rps: float) -> tuple[float | None, int]:
+    """Start of the first good window, and how many bad windows come after it."""
+    first = next((i for i, w in enumerate(wins) if _good(w, goodput_min_rps)), None)
+    if first is None:
+        return None, 0
+    bad = sum(1 for w in wins[first:] if not _good(w, goodput_min_rps))
+    return wins[first].start_s, bad
+
+
 def converged_at(wins: Sequence[Window], goodput_min_rps: float) -> float | None:
     """Start of the first window from which every later one is good; None if the last is bad."""
     last_bad = -1
     for i, w in enumerate(wins):
-        if w.goodput_rps < goodput_min_rps or not w.admitted_ok:
+        if not _good(w, goodput_min_rps):
             last_bad = i
     if not wins or last_bad == len(wins) - 1:
         return None

@@ -85,12 +85,14 @@ def _secs(t: float | None, st: float | None = None) -> str:
 def spike_table(docs: list[Doc]) -> list[str]:
     """Scenario 1: one row per (load, limiter)."""
     rows = _head(["step", "limiter", "converged after (service times)",
+                  "first good window after; bad windows later",
                   "admitted p99 within the deadline after", "goodput in the spike",
                   "second half", "collapse", "critical served", "limit", "flags"])  # fmt: skip
     for d in docs:
         a = analysis.analyse(d)
         rows.append(_row([f"0.5x -> {d['spec']['load_x']:g}x", d["spec"]["limiter"],
                           _secs(a["converged_s"], a["service_times"]),
+                          f"{_secs(a['first_good_s'])}; {a['bad_after']} of {a['windows']}",
                           _secs(a["p99_ok_s"]), f"{a['goodput_share']:.0%}",
                           f"{a['late_goodput_share']:.0%}",
                           "yes" if a["collapsed"] else "no",

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from experiments.anchors import plan as ap
+from experiments.anchors import run
 
 
 def _rates(run: ap.AnchorRun, t0: float, t1: float) -> list[float]:
@@ -95,3 +96,11 @@ def test_peers_only_in_the_spike_and_priority_tables() -> None:
     peers = {r.scenario for r in with_peers if r.limiter.startswith("haproxy-")}
     assert peers == {"spike", "priority"}
     assert not any(r.limiter.startswith("haproxy") for r in ap.full_plan(ap.QUICK, peers=False))
+
+
+def test_unknown_scenario_or_limiter_is_refused_with_the_choices() -> None:
+    """A typo in --only or --limiters stops at once and names what exists."""
+    with pytest.raises(SystemExit, match="choose from spike, priority, steady, detect"):
+        run.main(["--quick", "--only", "spikes"])
+    with pytest.raises(SystemExit, match=r"not in the plan; choose from .*gradient"):
+        run.main(["--quick", "--limiters", "gradient,grdient"])

@@ -58,7 +58,13 @@ def select(args: argparse.Namespace) -> tuple[list[ap.AnchorRun], ap.Lengths]:
                              f"choose from {', '.join(ap.SCENARIOS)}")  # fmt: skip
         runs = [r for r in runs if r.scenario in wanted]
     if args.limiters:
-        runs = [r for r in runs if r.limiter in args.limiters.split(",")]
+        wanted = args.limiters.split(",")
+        known = {r.limiter for r in runs}
+        unknown = set(wanted) - known
+        if unknown:
+            raise SystemExit(f"--limiters: {sorted(unknown)} not in the plan; choose from "
+                             f"{', '.join(sorted(known))}")  # fmt: skip
+        runs = [r for r in runs if r.limiter in wanted]
     return runs, lengths
 
 

@@ -57,11 +57,12 @@ Progress = Callable[[float], None]
 def start_target(procs: Procs, run: AnchorRun, sim: Target) -> tuple[Target, str | None]:
     """The target of ``run`` and its admin URL (None for a peer, which has no /snapshot).
 
-    A peer (``haproxy-64``) queues at most until the longest deadline and, for
-    nginx, rates non-critical requests at the backend's capacity.
+    A peer (``haproxy-64``) queues for at most the shortest deadline, as in
+    ``make experiment`` (a longer queue timeout serves stale requests under
+    overload), and, for nginx, rates non-critical requests at the capacity.
     """
     if is_peer(run.limiter):
-        peer = parse_peer(run.limiter, queue_timeout_s=max(run.deadlines_s),
+        peer = parse_peer(run.limiter, queue_timeout_s=min(run.deadlines_s),
                           rate_rps=run.backend.capacity_rps)  # fmt: skip
         return start_peer(procs, peer, sim.port, GATEWAY_CPU), None
     yaml = gateway_yaml(RunSpec(run.scenario, run.limiter, run.load_x, 0.0, run.duration_s))

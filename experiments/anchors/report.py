@@ -178,6 +178,14 @@ def header(meta: dict[str, Any], docs: list[Doc]) -> list[str]:
         f"{', '.join(str(x) for x in meta.get('loadavg_end', []))} at the end; the hypervisor's "
         f"steal per run (the busier CPU) ranged {steal_text} (every run's in the last table).",
         f"- Python {v['python']}; {libs}.",
+        *[
+            f"- Re-run later and merged (`--report-only --merge`): {', '.join(g['runs'])} on "
+            f"{g['date_utc']} UTC ({g['total_s'] / 60:.1f} min; load average "
+            f"{', '.join(str(x) for x in g['loadavg'])} at the start, "
+            f"{', '.join(str(x) for x in g['loadavg_end'])} at the end; raw data "
+            f"`{g['out_dir']}`)."
+            for g in meta.get("merged", [])
+        ],
         "- The same simulator (`ballast-upstream`), generator and pinning as `make experiment` "
         "(docs/results.md): target (gateway or peer) alone on CPU 1, simulator and generator "
         "(open loop, lean HTTP/1.1 client, SCHED_FIFO: "
@@ -185,8 +193,9 @@ def header(meta: dict[str, Any], docs: list[Doc]) -> list[str]:
         "run; constant arrivals; the gateway's config is the default but the limiter.",
         "- `haproxy-N`: HAProxy from `experiments/_harness/peers.py` as its users protect a "
         "backend: `maxconn N` on the server, the queue ordered by `http-request "
-        "set-priority-class` from `X-Priority` (critical first), `timeout queue` the longest "
-        "deadline (3 s), `option abortonclose`. It has no `/snapshot`: no limit column.",
+        "set-priority-class` from `X-Priority` (critical first), "
+        "`timeout queue` the shortest deadline (400 ms; 3 s served less in `make experiment`), "
+        "`option abortonclose`. It has no `/snapshot`: no limit column.",
         "- **One run per cell** (no repetitions: the steady run alone takes 10 minutes), in "
         "the order spike, priority, steady, detect.",
         f"- Reference backend (scenarios 1-3): 8 workers, 25 / 120 ms, 5 % slow; 1x = "

@@ -106,6 +106,32 @@ def report(docs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None
     print(f"report: {path}", flush=True)
 
 
+def merge(
+    base: dict[str, Any], others: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``base``'s runs with each run of ``others`` replacing the one of the same name (or
+    added after the last run of its scenario); ``meta["merged"]`` says when those ran."""
+    docs = list(base["runs"])
+    meta = {**base["meta"], "merged": []}
+    for other in others:
+        names = []
+        for doc in other["runs"]:
+            name, sc = doc["spec"]["name"], doc["spec"]["scenario"]
+            names.append(name)
+            same = [i for i, d in enumerate(docs) if d["spec"]["name"] == name]
+            if same:
+                docs[same[0]] = doc
+                continue
+            last = [i for i, d in enumerate(docs) if d["spec"]["scenario"] == sc]
+            docs.insert(last[-1] + 1 if last else len(docs), doc)
+        m = other["meta"]
+        meta["merged"].append({"out_dir": m["out_dir"], "date_utc": m["machine"]["date_utc"],
+                               "loadavg": m["machine"]["loadavg"],
+                               "loadavg_end": m.get("loadavg_end", []),
+                               "total_s": m["total_s"], "runs": names})  # fmt: skip
+    return docs, meta
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.anchors", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -115,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="raw data directory (default runs/anchors-*)")
     p.add_argument("--no-docs", action="store_true", help="full run, but keep docs/ untouched")
     p.add_argument("--report-only", metavar="DIR", help="redraw docs/anchors.md from DIR")
+    p.add_argument("--merge", metavar="DIR", action="append",
+                   help="with --report-only: DIR's runs replace (or join) those of the same "
+                        "name, e.g. rows re-run later")  # fmt: skip
     return p
 
 
@@ -123,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.report_only:
         saved = json.loads((Path(args.report_only) / "results.json").read_text())
-        report(saved["runs"], saved["meta"], ROOT / "docs" / "anchors.md")
+        extra = [json.loads((Path(d) / "results.json").read_text()) for d in args.merge or ()]
+        merged, merged_meta = merge(saved, extra)
+        report(merged, merged_meta, ROOT / "docs" / "anchors.md")
         return 0
     runs, lengths = select(args)
     to_docs = not (args.quick or args.no_docs or args.only or args.limiters)

@@ -107,3 +107,27 @@ def test_report_names_every_source_and_has_the_four_tables() -> None:
                    "## 3. Long steady", "## 4. Degradation", "## Bottleneck checks",
                    "load average 1.0 at the start, 1.5 at the end"):  # fmt: skip
         assert needle in text, needle
+
+
+def test_merge_replaces_rows_of_the_same_name_and_says_when_they_ran() -> None:
+    """Rows re-run later replace their namesakes in place; new rows join their scenario."""
+    from experiments.anchors.run import merge
+
+    def doc(name: str, scenario: str, tag: str) -> dict[str, Any]:
+        return {"spec": {"name": name, "scenario": scenario}, "tag": tag}
+
+    base = {"runs": [doc("spike-gradient-4x", "spike", "a"),
+                     doc("spike-haproxy-16-4x", "spike", "a"),
+                     doc("steady-gradient-1.2x", "steady", "a")],
+            "meta": {"out_dir": "runs/a"}}  # fmt: skip
+    later = {"runs": [doc("spike-haproxy-16-4x", "spike", "b"),
+                      doc("spike-haproxy-64-4x", "spike", "b")],
+             "meta": {"out_dir": "runs/b", "machine": {"date_utc": "2026-12-03 12:30:00",
+                                                        "loadavg": [2.0]},
+                      "loadavg_end": [3.0], "total_s": 120.0}}  # fmt: skip
+    docs, meta = merge(base, [later])
+    assert [(d["spec"]["name"], d["tag"]) for d in docs] == [
+        ("spike-gradient-4x", "a"), ("spike-haproxy-16-4x", "b"), ("spike-haproxy-64-4x", "b"),
+        ("steady-gradient-1.2x", "a")]  # fmt: skip
+    assert meta["merged"][0]["runs"] == ["spike-haproxy-16-4x", "spike-haproxy-64-4x"]
+    assert meta["out_dir"] == "runs/a"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from experiments._harness.peers import is_peer
 from experiments.anchors.metrics import (
     Rec,
     converged_at,
@@ -51,9 +52,26 @@ CRITICAL_MIN, STANDARD_MIN = 0.999, 0.99
 DETECT_LIMIT_RANGE = (ENVOY_WORKERS / 2, ENVOY_WORKERS * 2)
 
 
+def peer_refusals_are_shed(doc: dict[str, Any]) -> bool:
+    """True for a peer's run whose only errors are ``503``: its refusals (queue timeout).
+
+    The gateway marks what it sheds (``X-Ballast-Reason``); HAProxy answers a
+    request that waited ``timeout queue`` with a bare 503. Counted as errors
+    they would be "admitted and failed"; they are the peer's shedding, so they
+    count as shed, as the gateway's queue-timeout sheds do. Any other error
+    status keeps every error an error (the records do not keep the status).
+    """
+    if not is_peer(doc["spec"]["limiter"]):
+        return False
+    errors = [e for t in doc["summary"]["tiers"].values() for e in t.get("errors_by", {})]
+    return bool(errors) and set(errors) == {"status:503"}
+
+
 def records(doc: dict[str, Any]) -> list[Rec]:
-    """The run's records as tuples (latency NaN when not issued)."""
-    return [(r[0], r[1], r[2], math.nan if r[3] is None else r[3]) for r in doc["records"]]
+    """The run's records as tuples (latency NaN when not issued; a peer's 503 is shed)."""
+    shed = peer_refusals_are_shed(doc)
+    return [(r[0], r[1], "shed" if shed and r[2] == "error" else r[2],
+             math.nan if r[3] is None else r[3]) for r in doc["records"]]  # fmt: skip
 
 
 def _limits(doc: dict[str, Any], t0: float, t1: float) -> tuple[float, float] | None:

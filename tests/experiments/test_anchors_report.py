@@ -131,3 +131,17 @@ def test_merge_replaces_rows_of_the_same_name_and_says_when_they_ran() -> None:
         ("steady-gradient-1.2x", "a")]  # fmt: skip
     assert meta["merged"][0]["runs"] == ["spike-haproxy-16-4x", "spike-haproxy-64-4x"]
     assert meta["out_dir"] == "runs/a"
+
+
+def test_a_peers_bare_503s_are_its_shedding_but_other_errors_stay_errors() -> None:
+    """HAProxy's queue-timeout 503 counts as shed; with another error status, nothing moves."""
+    run = ap.spike(ap.QUICK, (4.0,), ("haproxy-16",))[0]
+    recs = [[0.1, 2, "error", 0.4], [0.2, 0, "served", 0.05]]
+    doc = _doc(run, recs)
+    doc["summary"]["tiers"]["critical"]["errors_by"] = {"status:503": 1}
+    assert [r[2] for r in analysis.records(doc)] == ["shed", "served"]
+    doc["summary"]["tiers"]["critical"]["errors_by"] = {"status:503": 1, "status:502": 1}
+    assert [r[2] for r in analysis.records(doc)] == ["error", "served"]
+    gateway = _doc(ap.spike(ap.QUICK, (4.0,), ("gradient",))[0], recs)
+    gateway["summary"]["tiers"]["critical"]["errors_by"] = {"status:503": 1}
+    assert [r[2] for r in analysis.records(gateway)] == ["error", "served"]

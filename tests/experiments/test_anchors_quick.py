@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.anchors import plan as ap
 from experiments.anchors import run
 from experiments.anchors.analysis import analyse
 
@@ -20,7 +21,8 @@ def test_quick_spike_run_writes_records_and_a_report(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "results.json").read_text())
     assert [d["spec"]["name"] for d in doc["runs"]] == ["spike-gradient-1.4x", "spike-gradient-4x"]
     four = doc["runs"][1]
-    assert len(four["records"]) == 125 * 3 + 1000 * 5  # every scheduled request, one record each
+    planned = ap.schedule(ap.spike(ap.QUICK, (4.0,), ("gradient",))[0])
+    assert len(four["records"]) == len(planned) == 5374  # one record per scheduled request
     assert four["samples"] and four["rss"]
     a = analyse(four)
     assert not a["collapsed"]  # a starved harness may delay convergence, never collapse it

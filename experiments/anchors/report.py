@@ -41,8 +41,8 @@ DRIFT = (
     '> Limit creep under steady overload: Netflix/concurrency-limits PR #88 ("Fix gradient2 '
     'drift", 2018) and a 2024 comment on PR #134 (under modest overload, gradient around 0.8, '
     'the queue term makes Gradient2\'s limit "gradually increase indefinitely"); Envoy issue '
-    "#38338 (adaptive concurrency under sustained degradation never recovering when the "
-    "minRTT is measured while overloaded)."
+    "#38338 (tuning adaptive concurrency for a sustained degradation), quoted in #46532: with "
+    'a high `min_concurrency` the minRTT is measured while overloaded "so it never recovers".'
 )
 ENVOY = (
     "> Envoy issue #7789 (adaptive concurrency filter, comment of 2019-10-08): a 160 s test with "

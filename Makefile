@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DURATION ?= 30
 
 .PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-headroom bench-routes clean system-deps \
-	experiment-discovery experiment-canary experiment-chain
+	experiment-discovery experiment-canary experiment-chain experiment-anchors
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -106,6 +106,13 @@ experiment-discovery: $(STAMP) system-deps
 PHASE_S ?= 10
 experiment-chain: $(STAMP)
 	$(PY) -m experiments.chain --phase-s $(PHASE_S)
+
+# The field's published scenarios (Breakwater spike, Netflix bulk x12, 10 min steady
+# overload, Envoy #7789) against gradient, fixed limits and HAProxy (docs/anchors.md);
+# about 30 minutes. ANCHORS_ARGS=--quick for the CI-size smoke (about 3 minutes).
+ANCHORS_ARGS ?=
+experiment-anchors: $(STAMP) system-deps
+	$(PY) -m experiments.anchors $(ANCHORS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The field's published overload scenarios (Breakwater, Netflix, Envoy) against ballast."""

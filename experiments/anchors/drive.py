@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
@@ -24,13 +24,8 @@ import aiohttp
 from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
 from experiments._harness.cpu import (
-    busy_all,
-    cpu_s,
-    cpu_ticks,
     realtime,
     status_kb,
-    steal_all,
-    steal_ticks,
 )
 from experiments._harness.jsonio import get_json, wait_ok
 from experiments._harness.peers import is_peer, parse_peer, start_peer
@@ -46,6 +41,7 @@ from experiments.sweep.one import (
     WARM_S,
     apply_events,
     gateway_yaml,
+    measured,
     sample_snapshots,
 )
 from experiments.sweep.plan import RunSpec
@@ -112,27 +108,19 @@ async def drive(
         if admin is not None:
             await wait_ok(http, f"{admin}/health")
         runner = LoadRunner(config, sched)
-        cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
-        ticks0, steal0, wall0 = cpu_ticks(), steal_ticks(), time.monotonic()
-        t0 = wall0 + 0.05  # the runner starts its schedule 50 ms after run()
-        helpers = [
-            asyncio.create_task(apply_events(http, f"{sim.admin}/profile", cast(Any, run), t0)),
-            asyncio.create_task(show_progress(runner, progress)),
-        ]
-        if pids["gateway"]:
-            helpers.append(asyncio.create_task(sample_rss(pids["gateway"], t0, rss)))
-        if admin is not None:
-            helpers.append(asyncio.create_task(
-                sample_snapshots(http, f"{admin}/snapshot", t0, samples)))  # fmt: skip
-        try:
-            result = await runner.run()
-        finally:
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-        wall = time.monotonic() - wall0
-        cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
-        busy, steal = busy_all(ticks0), steal_all(steal0, ticks0)
+
+        def beside(t0: float) -> list[Coroutine[Any, Any, None]]:
+            helpers = [
+                apply_events(http, f"{sim.admin}/profile", cast(Any, run), t0),
+                show_progress(runner, progress),
+            ]
+            if pids["gateway"]:
+                helpers.append(sample_rss(pids["gateway"], t0, rss))
+            if admin is not None:
+                helpers.append(sample_snapshots(http, f"{admin}/snapshot", t0, samples))
+            return helpers
+
+        result, cost = await measured(runner, pids, beside)
         sim_stats = await get_json(http, f"{sim.admin}/stats")
     return {
         "spec": spec_doc(run),
@@ -140,10 +128,7 @@ async def drive(
         "records": compact(runner),
         "samples": samples,
         "rss": rss,
-        "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
-        "cpu_busy": busy,
-        "cpu_steal": steal,
-        "wall_s": round(wall, 2),
+        **cost,
         "sim_stats": sim_stats,
     }
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -178,37 +178,60 @@ async def drive(
         config = _load_config(spec, f"{(front or sim).base}/")
         schedule = quiet_schedule(config) if spec.scenario == "quiet" else None
         runner = LoadRunner(config, schedule)
-        cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
-        ticks0, steal0, wall0 = cpu_ticks(), steal_ticks(), time.monotonic()
-        t0 = wall0 + 0.05  # the runner starts its schedule 50 ms after run()
-        helpers = [
-            asyncio.create_task(apply_events(http, f"{sim.admin}/profile", spec, t0)),
-            asyncio.create_task(show_progress(runner, progress)),
-        ]
-        if gw is not None:
-            helpers.append(asyncio.create_task(
-                sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples)))  # fmt: skip
-        try:
-            result = await runner.run()
-        finally:
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-        wall = time.monotonic() - wall0
-        cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
+
+        def beside(t0: float) -> list[Coroutine[Any, Any, None]]:
+            helpers = [
+                apply_events(http, f"{sim.admin}/profile", spec, t0),
+                show_progress(runner, progress),
+            ]
+            if gw is not None:
+                helpers.append(sample_snapshots(http, f"{gw.admin}/snapshot", t0, samples))
+            return helpers
+
+        result, cost = await measured(runner, pids, beside)
         rss = {name: status_kb(pid, "VmHWM") for name, pid in pids.items() if pid}
-        busy, steal = busy_all(ticks0), steal_all(steal0, ticks0)
         sim_stats = await get_json(http, f"{sim.admin}/stats")
     return {
         "spec": _spec_doc(spec),
         "summary": summarize(result),
         "samples": samples,
-        "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
+        "cpu_share": cost["cpu_share"],
         "rss_peak_kb": rss,
-        "cpu_busy": busy,
-        "cpu_steal": steal,
-        "wall_s": round(wall, 2),
+        "cpu_busy": cost["cpu_busy"],
+        "cpu_steal": cost["cpu_steal"],
+        "wall_s": cost["wall_s"],
         "sim_stats": sim_stats,
+    }
+
+
+async def measured(
+    runner: LoadRunner,
+    pids: Mapping[str, int | None],
+    beside: Callable[[float], list[Coroutine[Any, Any, None]]],
+) -> tuple[Any, dict[str, Any]]:
+    """Run ``runner`` with ``beside(t0)`` running next to it (cancelled when it ends).
+
+    ``t0`` is when the runner's schedule starts (50 ms after ``run()``). Returns
+    the runner's result and what the run cost: each process's share of a CPU
+    (``pids``: name -> pid, 0 or None for none), both CPUs' busy and steal shares, the
+    wall time.
+    """
+    cpu0 = {name: cpu_s(pid) for name, pid in pids.items() if pid}
+    ticks0, steal0, wall0 = cpu_ticks(), steal_ticks(), time.monotonic()
+    tasks = [asyncio.create_task(c) for c in beside(wall0 + 0.05)]
+    try:
+        result = await runner.run()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    wall = time.monotonic() - wall0
+    cpu = {name: (cpu_s(pid) - cpu0[name]) / wall for name, pid in pids.items() if pid}
+    return result, {
+        "cpu_share": {name: round(v, 3) for name, v in cpu.items()},
+        "cpu_busy": busy_all(ticks0),
+        "cpu_steal": steal_all(steal0, ticks0),
+        "wall_s": round(wall, 2),
     }
 
 

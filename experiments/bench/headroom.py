@@ -16,11 +16,13 @@ to CPU 0 (next to the nginx backend serving 1 KB), closed loop:
 6. the same gateway shedding: every request carries ``X-Deadline-Ms: 0``;
 
 plus, below the table, the same gateway with ``server.shed_at_wire: false``
-shedding (the ASGI path's shed, for the before/after). Runs alternate (the order
+shedding (the ASGI path's shed, for the before/after), and where the proxied
+cost sits: the two Python floors of ``floors.py`` (a raw callback proxy, uvicorn
++ a raw ASGI proxy) and the gateway with ``retry.enabled: false``. Runs alternate (the order
 rotates each repetition); per run the server's CPU seconds are read from
 ``/proc/<pid>/stat`` (utime + stime of every thread) before and after, and
 divided by the responses wrk counted. Medians of ``--reps``; peak RSS
-(``VmHWM``) per server at the end. About 2 minutes with the defaults.
+(``VmHWM``) per server at the end. About 3 minutes with the defaults.
 ``--docs`` replaces the marked headroom block in docs/bench.md.
 """
 
@@ -89,6 +91,9 @@ PROXIED_WIRE_OFF = "proxied-wire-off"
 FLOOR_DEFAULTS = "floor-defaults"
 #: ``--before``: the same two gateway rows from another checkout (e.g. main), same run.
 BEFORE = ("proxied-before", "shed-before")
+#: Where the proxied cost sits (``floors.py``): the raw callback proxy (Python's floor), uvicorn
+#: + a raw ASGI proxy (the ASGI floor), the gateway with ``retry.enabled: false``.
+FLOORS = ("raw-proxy", "asgi-proxy", "proxied-no-retry")
 _TOTAL = re.compile(rb"(\d+) requests in")
 _NON2XX = re.compile(rb"Non-2xx or 3xx responses:\s+(\d+)")
 _ERRORS = re.compile(rb"Socket errors:.*")
@@ -171,10 +176,36 @@ def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target
         PROXIED_WIRE_OFF: gw_off,
         FLOOR_DEFAULTS: start_floor(procs, CPU_PROXY, defaults=True),
     }
+    targets.update(start_floors(procs, backend))
     if before:
         old = start_before(procs, before, backend.base)
         targets[BEFORE[0]] = targets[BEFORE[1]] = old
     return targets, note
+
+
+def start_floors(procs: Procs, backend: Target) -> dict[str, Target]:
+    """The ``FLOORS`` rows, each pinned to the proxy CPU."""
+    uvicorn = os.path.join(os.path.dirname(sys.executable), "uvicorn")
+
+    def raw(port: int, _admin: int) -> list[str]:
+        return [sys.executable, "-m", "experiments.bench.floors", "raw", "--upstream-port",
+                str(backend.port), "--port", str(port)]  # fmt: skip
+
+    def asgi(port: int, _admin: int) -> list[str]:
+        return [uvicorn, "experiments.bench.floors:asgi_app", "--host", HOST, "--port", str(port),
+                "--no-access-log", "--no-server-header", "--no-date-header"]  # fmt: skip
+
+    raw_proc, raw_port, _ = start_on_free_ports(procs, raw, CPU_PROXY, FLOORS[0])
+    env = {"UPSTREAM_PORT": str(backend.port)}
+    asgi_proc, asgi_port, _ = start_on_free_ports(procs, asgi, CPU_PROXY, FLOORS[1], env)
+    no_retry = procs.tmp / "no-retry.yaml"
+    no_retry.write_text("retry:\n  enabled: false\n")
+    config = {"BALLAST_CONFIG": str(no_retry)}
+    return {
+        FLOORS[0]: Target(FLOORS[0], raw_port, raw_proc.pid),
+        FLOORS[1]: Target(FLOORS[1], asgi_port, asgi_proc.pid),
+        FLOORS[2]: start_uvicorn_gateway(procs, FLOORS[2], backend.base, CPU_PROXY, config),
+    }
 
 
 def wrk_run(wrk: str, target: Target, conns: int, seconds: float, doomed: bool) -> dict[str, Any]:
@@ -205,7 +236,7 @@ def measure(
     only: list[str] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Every row (``only``: these) ``reps`` times, alternating, the order rotated each time."""
-    extra = (WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *BEFORE)
+    extra = (WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *FLOORS, *BEFORE)
     keys = [k for k, _ in ROWS] + [k for k in extra if k in targets]
     keys = [k for k in keys if only is None or k in only]
     for key in keys:  # warm-up: connections, imports, first-request paths
@@ -226,7 +257,8 @@ def measure(
 def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians (with ranges) per row, the ratios of the medians and the target verdicts."""
     rows: dict[str, Any] = {}
-    for key in [k for k, _ in ROWS] + [WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *BEFORE]:
+    for key in [k for k, _ in ROWS] + [WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *FLOORS,
+                                       *BEFORE]:  # fmt: skip
         mine = [r for r in runs if r["row"] == key]
         if not mine:
             continue
@@ -254,6 +286,10 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
         ratios["shed_vs_floor_defaults"] = cpu("shed") / cpu(FLOOR_DEFAULTS)
     if PROXIED_WIRE_OFF in rows:
         ratios["proxied_vs_wire_off"] = cpu("proxied") / cpu(PROXIED_WIRE_OFF)
+    if all(k in rows for k in FLOORS):
+        ratios["raw_proxy_vs_nginx"] = cpu(FLOORS[0]) / cpu("nginx")
+        ratios["asgi_proxy_vs_nginx"] = cpu(FLOORS[1]) / cpu("nginx")
+        ratios["proxied_no_retry_vs_nginx"] = cpu(FLOORS[2]) / cpu("nginx")
     if BEFORE[0] in rows:
         ratios["before_proxied_vs_nginx"] = cpu(BEFORE[0]) / cpu("nginx")
         ratios["before_shed_vs_floor"] = cpu(BEFORE[1]) / cpu("floor")
@@ -352,6 +388,8 @@ def table(doc: dict[str, Any]) -> list[str]:
             f"is {ratios['shed_vs_floor_defaults']:.2f}x that. The table's floor is the "
             "stricter one (the gateway form's settings).",
         ]
+    if all(k in rows for k in FLOORS):
+        out += ["", *floors_text(rows, ratios)]
     if BEFORE[0] in rows:
         old_p, old_s = rows[BEFORE[0]], rows[BEFORE[1]]
         out += [
@@ -370,6 +408,22 @@ def table(doc: dict[str, Any]) -> list[str]:
     for t in s["targets"]:
         out.append(f"| {t['target']} | {t['measured']} | {'met' if t['met'] else 'missed'} |")
     return out
+
+
+def floors_text(rows: dict[str, Any], ratios: dict[str, float]) -> list[str]:
+    """Where the proxied microseconds sit, from the ``FLOORS`` rows of the same run."""
+    raw, asgi, no_retry = (rows[k]["cpu_us"][0] for k in FLOORS)
+    proxied = rows["proxied"]["cpu_us"][0]
+    return [
+        f"Where the proxied cost sits (same run, `experiments/bench/floors.py`): a raw callback "
+        f"proxy in Python (uvloop + httptools both sides, no ASGI, no task per request) "
+        f"{raw:.1f} us ({ratios['raw_proxy_vs_nginx']:.2f}x nginx); uvicorn + a raw ASGI proxy "
+        f"app (one coroutine per request, no stages) {asgi:.1f} us "
+        f"({ratios['asgi_proxy_vs_nginx']:.2f}x); the gateway with `retry.enabled: false` "
+        f"{no_retry:.1f} us ({ratios['proxied_no_retry_vs_nginx']:.2f}x). So uvicorn's request "
+        f"cycle and the coroutine cost {asgi - raw:.1f} us, the gateway's own code above the "
+        f"ASGI floor {proxied - asgi:.1f} us, of which the retry stage {proxied - no_retry:.1f}.",
+    ]
 
 
 BEGIN, END = "<!-- headroom:begin -->", "<!-- headroom:end -->"

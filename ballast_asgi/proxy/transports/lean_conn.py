@@ -6,6 +6,13 @@ progress (``LeanResponse``, ``lean_wire.py``), EOF and loss reported to it,
 reading paused and resumed for a slow consumer. Bytes that arrive with no
 exchange in progress make the connection unusable: it is closed. At most one
 exchange at a time; ``release(conn, reuse)`` gives it back to the pool.
+
+The exchange's timeouts run on one lazy timer per connection (``arm``): it
+stays armed across exchanges and is re-armed only when an exchange needs an
+earlier check than the one already due; a check that comes early re-arms for
+the exchange's own due time (``LeanResponse.on_timer``), so every bound is as
+strict as with a timer per exchange, without a ``call_at`` and a ``cancel``
+per request. It is cancelled when the connection closes.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ Release = Callable[["Conn", bool], None]
 class Conn(asyncio.Protocol):
     """One upstream connection; at most one exchange at a time."""
 
-    __slots__ = ("closed", "exchange", "idle_since", "key", "paused", "release", "transport")
+    __slots__ = (
+        "closed", "exchange", "idle_since", "key", "loop", "paused", "release", "timer",
+        "timer_at", "transport",
+    )  # fmt: skip
 
     def __init__(self, key: tuple[str, int], release: Release) -> None:
         self.key = key
@@ -34,6 +44,10 @@ class Conn(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        self.loop = asyncio.get_running_loop()
+        #: The lazy timer (None: not armed) and the loop time it fires at.
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is not a subclass
@@ -56,8 +70,30 @@ class Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         if self.exchange is not None:
             self.exchange.lost(exc)
+
+    def arm(self, at: float) -> None:
+        """Have the timer fire at loop time ``at`` or earlier (kept when it already does)."""
+        timer = self.timer
+        if timer is not None:
+            if self.timer_at <= at:
+                return  # fires first; the exchange re-arms for its own due time then
+            timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_timer()
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def pause(self, on: bool) -> None:
         """Stop (``on``) or resume reading the socket."""
@@ -71,5 +107,6 @@ class Conn(asyncio.Protocol):
     def close(self) -> None:
         """Close the socket (idempotent)."""
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()

@@ -23,9 +23,11 @@ close-delimited body, nor when more bytes followed the response); anything
 else closes it. Failures are httpx's errors, as ``map_error`` gives them for
 aiohttp: EOF before the head or mid-body and malformed or oversized responses
 -> ``RemoteProtocolError``, a reset -> ``ReadError``, timeouts ->
-``ReadTimeout``. Timeouts: one lazy timer per exchange for the deadline
-(``total``) and the idle bound between reads (``sock_read``, suspended while
-reading is paused for a slow consumer). Backpressure: reading pauses while
+``ReadTimeout``. Timeouts: the deadline (``total``) and the idle bound
+between reads (``sock_read``, suspended while reading is paused for a slow
+consumer), checked by the connection's lazy timer (``Conn.arm``: one timer
+per connection, not per exchange; a check before the exchange's due time
+only re-arms it). Backpressure: reading pauses while
 more than ``HIGH_WATER_BYTES`` wait for the consumer.
 """
 
@@ -53,8 +55,7 @@ class LeanResponse(DirectResponse):
     __slots__ = (
         "_bad", "_chunks", "_complete", "_conn", "_deadline", "_error", "_fields", "_final",
         "_head_only", "_idle", "_keep", "_last", "_limit", "_loop", "_max_headers", "_parser",
-        "_pending",
-        "_read", "_released", "_size", "_timer", "_waiter", "head",
+        "_pending", "_read", "_released", "_size", "_waiter", "head",
     )  # fmt: skip
 
     def __init__(
@@ -83,10 +84,9 @@ class LeanResponse(DirectResponse):
         self._waiter: asyncio.Future[None] | None = None
         self._deadline, self._idle = deadline, idle
         self._last = loop.time()
-        self._timer: asyncio.TimerHandle | None = None
-        if self._deadline is not None or self._idle is not None:
-            self._timer = loop.call_at(self._next_check(), self._on_timer)
         conn.exchange = self
+        if deadline is not None or idle is not None:
+            conn.arm(self._next_check())  # the connection's lazy timer (lean_conn.py)
 
     #: llhttp refuses control characters in header values (the proxy need not look).
     values_checked = True
@@ -214,10 +214,7 @@ class LeanResponse(DirectResponse):
         if self._released:
             return
         self._released = True
-        self._parser = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._parser = None  # the connection's timer stays armed for its next exchange
         conn = self._conn
         conn.exchange = None
         if conn.paused:
@@ -238,19 +235,21 @@ class LeanResponse(DirectResponse):
         due = self._last + idle
         return due if deadline is None or due < deadline else deadline
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def on_timer(self) -> None:
+        """The connection's timer fired during this exchange: fail it if a bound is spent."""
         if self._released:
             return
         now = self._loop.time()
-        if self._deadline is not None and now >= self._deadline:
+        if now < self._next_check():  # armed for an earlier exchange: not due yet
+            self._conn.arm(self._next_check())
+        elif self._deadline is not None and now >= self._deadline:
             self._fail(httpx.ReadTimeout("upstream did not finish before the deadline"))
         elif self._idle is not None and not self._conn.paused and now - self._last >= self._idle:
             self._fail(httpx.ReadTimeout(f"no data from upstream for {self._idle:g} s"))
         else:
             if self._conn.paused:
                 self._last = now  # a paused read is the consumer's wait, not the upstream's
-            self._timer = self._loop.call_at(self._next_check(), self._on_timer)
+            self._conn.arm(self._next_check())
 
     # -- what the proxy reads -------------------------------------------------
     def arrived(self, length: int) -> bytes | None:

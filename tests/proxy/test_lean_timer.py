@@ -1,0 +1,76 @@
+"""The lean transport's timeouts on one lazy timer per connection (``Conn.arm``).
+
+The timer stays armed across the exchanges of a pooled connection; an exchange
+that needs an earlier check re-arms it, one whose due time is later is checked
+early and re-armed, never failed before its own bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
+from ballast_asgi.proxy.transports.lean import LeanTransport
+from tests.lean_support import Raw, answering, body_of, get, raw_upstream
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+LONG = client_timeout({"connect": 1.0, "read": 30.0, "write": 1.0, "pool": 1.0})
+SHORT = client_timeout({"connect": 1.0, "read": 0.05, "write": 1.0, "pool": 1.0})
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_exchanges_on_one_connection_share_one_timer() -> None:
+    """Three exchanges on one kept-alive connection arm its timer once (no call_at per request)."""
+    async with raw_upstream(answering(OK, OK, OK)) as (raw, up):
+        transport = LeanTransport()
+        timers = []
+        for _ in range(3):
+            assert await body_of(await get(transport, up, limits=LONG)) == b"ok"
+            (conn,) = transport._pool.idle[(up.host, up.port)]
+            timers.append(conn.timer)
+        await transport.aclose()
+        assert conn.timer is None  # cancelled with the connection
+    assert raw.connections == 1
+    assert timers[0] is not None and timers[0] is timers[1] is timers[2]
+
+
+async def test_a_shorter_bound_after_a_longer_one_still_fires_on_time() -> None:
+    """A pooled connection armed for 30 s: the next exchange's 50 ms bound re-arms it earlier."""
+    async with raw_upstream(answering(OK)) as (raw, up):  # the second request gets no answer
+        transport = LeanTransport()
+        assert await body_of(await get(transport, up, limits=LONG)) == b"ok"
+        async with asyncio.timeout(5.0):  # a hang fails the test instead of blocking it
+            with pytest.raises(httpx.ReadTimeout):
+                await get(transport, up, limits=SHORT)
+        assert transport._pool.in_use == 0 and transport._pool.idle_count == 0
+        await transport.aclose()
+    assert raw.connections == 1
+
+
+async def test_an_early_check_does_not_fail_a_longer_bound() -> None:
+    """Armed for 50 ms by an earlier exchange, the timer fires during a 30 s exchange whose
+    answer takes longer than 50 ms: the exchange succeeds (the check only re-arms)."""
+    answered = asyncio.Event()
+
+    async def late_second(raw: Raw, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await raw.head(reader)
+        w.write(OK)
+        await raw.head(reader)
+        await asyncio.sleep(0.2)  # the upstream's pace: past the first exchange's 50 ms bound
+        w.write(OK)
+        answered.set()
+        await reader.read()
+
+    async with raw_upstream(late_second) as (raw, up):
+        transport = LeanTransport()
+        assert await body_of(await get(transport, up, limits=SHORT)) == b"ok"
+        (conn,) = transport._pool.idle[(up.host, up.port)]
+        armed = conn.timer
+        assert await body_of(await get(transport, up, limits=LONG)) == b"ok"
+        assert answered.is_set() and conn.timer is not armed  # fired early, re-armed
+        await transport.aclose()
+    assert raw.connections == 1

@@ -79,6 +79,9 @@ def connection_names(
     return names
 
 
+_SCHEMES = {"http": b"http", "https": b"https"}
+
+
 def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
     """The headers to send upstream for ``scope`` (without Host and framing; the caller adds them).
 
@@ -93,8 +96,9 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
                 host = value
             elif name == b"x-forwarded-for":
                 forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
-            elif name == b"connection":
-                named = connection_names(value, named, PROTECTED)
+            elif name == b"connection" and value.lower() not in HOP_BY_HOP:
+                named = connection_names(value, named, PROTECTED)  # (one hop-by-hop token:
+                # it names a header dropped anyway, e.g. ``keep-alive``; nothing to filter)
         elif not name.startswith(b"proxy-") and not (drop_deadline and name == DEADLINE):
             out.append((name, value))
     if named:
@@ -105,7 +109,8 @@ def request_headers(scope: Scope, drop_deadline: bool) -> RawHeaders:
         forwarded_for = ip if forwarded_for is None else forwarded_for + b", " + ip
     if forwarded_for is not None:
         out.append((b"x-forwarded-for", forwarded_for))
-    out.append((b"x-forwarded-proto", scope.get("scheme", "http").encode("latin-1")))
+    scheme = scope.get("scheme", "http")
+    out.append((b"x-forwarded-proto", _SCHEMES.get(scheme) or scheme.encode("latin-1")))
     if host is not None:
         out.append((b"x-forwarded-host", host))
     return out
@@ -182,7 +187,8 @@ def response_headers(
         if kind == _HOP:
             continue
         if kind == _CONNECTION:
-            named = connection_names(value, named, PROTECTED)
+            if value.lower() not in HOP_BY_HOP:  # one token naming a dropped header: no-op
+                named = connection_names(value, named, PROTECTED)
             continue
         if kind == _CODING:
             coding = value if coding is None else coding + b"," + value

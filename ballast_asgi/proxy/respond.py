@@ -80,7 +80,12 @@ class Relay:
         elif isinstance(response, DirectResponse) and length and length <= UNTIMED_BYTES:
             body = response.stream.arrived(length)
             if body is not None:  # came with the head: one message, no iteration, no watcher
-                await self._send_arrived(selector, body, upstream, send, ctx)
+                try:  # below ``UNTIMED_BYTES``: no timer
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                except OSError:
+                    gone(ctx)
+                    return
+                selector.report_body(upstream, True, self._clock())
                 return
 
         def watch() -> asyncio.Future[Any] | None:
@@ -103,22 +108,6 @@ class Relay:
             if self._metrics is not None:
                 self._metrics.client_send_timeouts.inc()
             raise
-
-    async def _send_arrived(
-        self,
-        selector: Selector,
-        body: bytes,
-        upstream: Upstream,
-        send: Send,
-        ctx: RequestContext | None,
-    ) -> None:
-        """Send a small body that arrived with the head (below ``UNTIMED_BYTES``: no timer)."""
-        try:
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-        except OSError:
-            gone(ctx)
-            return
-        selector.report_body(upstream, True, self._clock())
 
     async def refuse(
         self, send: Send, ctx: RequestContext | None, status: int, payload: dict[str, object]

@@ -57,14 +57,18 @@ def request_head(
     path = upstream.base_path + target
     if path[:1] != b"/":
         path = b"/" + path
-    lines = [method.encode("ascii") + b" " + path + b" HTTP/1.1"]
-    lines += [name + b": " + value for name, value in headers]
-    lines.append(b"\r\n")
-    head = b"\r\n".join(lines)
-    breaks = len(lines)  # one CRLF between lines, two after the last header
+    line = (_METHODS.get(method) or method.encode("ascii") + b" ") + path + b" HTTP/1.1"
+    # ``b": ".join`` of each (name, value) pair: no Python loop over the headers
+    head = b"\r\n".join([line, *map(_FIELD, headers), b"\r\n"])
+    breaks = len(headers) + 2  # one CRLF between lines, two after the last header
     if head.count(b"\n") != breaks or head.count(b"\r") != breaks:
         return None
     return head
+
+
+#: The request line's start for the common methods (any other is encoded per request).
+_METHODS = {m: m.encode("ascii") + b" " for m in ("GET", "HEAD", "POST", "PUT", "DELETE")}
+_FIELD = b": ".join
 
 
 class _Pool:
@@ -106,12 +110,14 @@ class _Pool:
             self.release(None, False)
             raise
 
-    def take(self, key: tuple[str, int]) -> Conn | None:
-        """The newest fresh idle connection to ``key`` (stale ones closed on the way)."""
+    def take(self, key: tuple[str, int], now: float | None = None) -> Conn | None:
+        """The newest fresh idle connection to ``key`` (stale ones closed on the way);
+        ``now``: the loop's time, when the caller has it."""
         idle = self.idle.get(key)
         if not idle:
             return None
-        now = time_now()
+        if now is None:
+            now = time_now()
         while idle:
             conn = idle.pop()
             self.idle_count -= 1
@@ -154,14 +160,19 @@ class _Pool:
         self.in_use -= 1
         if conn is not None:
             if reuse and not self.closed:
-                conn.idle_since = asyncio.get_running_loop().time()
-                self.idle.setdefault(conn.key, []).append(conn)
+                conn.idle_since = conn.loop.time()
+                idle = self.idle.get(conn.key)
+                if idle is None:
+                    self.idle[conn.key] = [conn]
+                else:
+                    idle.append(conn)
                 self.idle_count += 1
                 if self._sweeper is None:
                     self._schedule_sweep()
             else:
                 conn.close()
-        self._wake()
+        if self._waiters:
+            self._wake()
 
     def _wake(self) -> None:
         """Let the longest-waiting request look for room again."""
@@ -251,15 +262,18 @@ class LeanTransport(AiohttpTransport):
     async def _exchange(
         self, head_only: bool, upstream: Upstream, head: bytes, body: bytes, limits: ClientTimeout
     ) -> DirectResponse:
-        loop = asyncio.get_running_loop()
-        deadline = None if limits.total is None else loop.time() + limits.total
-        if self._pool.closed:
-            self._pool = _Pool(self.max_connections, self.keepalive_s)
-        conn = self._pool.take((upstream.host, upstream.port))  # the common case: no await
+        now = asyncio.get_running_loop().time()
+        total = limits.total
+        deadline = None if total is None else now + total
+        pool = self._pool
+        if pool.closed:
+            pool = self._pool = _Pool(self.max_connections, self.keepalive_s)
+        conn = pool.take((upstream.host, upstream.port), now)  # the common case: no await
         if conn is None:
-            conn = await self._pool.acquire(upstream.host, upstream.port, limits, deadline)
+            conn = await pool.acquire(upstream.host, upstream.port, limits, deadline)
+            now = conn.loop.time()
         response = LeanResponse(
-            conn, head_only, self.max_field_size, deadline, limits.sock_read, self.max_headers
+            conn, head_only, self.max_field_size, deadline, limits.sock_read, self.max_headers, now
         )
         transport = conn.transport
         assert transport is not None

@@ -66,8 +66,10 @@ class LeanResponse(DirectResponse):
         deadline: float | None,
         idle: float | None,
         max_headers: int = 100,
+        now: float | None = None,
     ) -> None:
-        loop = asyncio.get_running_loop()
+        """``now``: the loop's time when the caller has it (the idle bound starts there)."""
+        loop = conn.loop
         self.status_code = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self._conn, self._loop, self._head_only, self._limit = conn, loop, head_only, limit
@@ -83,7 +85,7 @@ class LeanResponse(DirectResponse):
         self._error: httpx.TransportError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._deadline, self._idle = deadline, idle
-        self._last = loop.time()
+        self._last = loop.time() if now is None else now
         conn.exchange = self
         if deadline is not None or idle is not None:
             conn.arm(self._next_check())  # the connection's lazy timer (lean_conn.py)

@@ -100,6 +100,17 @@ def test_connection_tokens_cannot_remove_protected_headers() -> None:
     assert b"x-forwarded-for" in out and b"x-secret" not in out
 
 
+@pytest.mark.parametrize("value", [b"keep-alive", b"Keep-Alive", b"close", b"X-Secret", b"te"])
+def test_a_single_connection_token_on_a_request_removes_only_what_it_names(value: bytes) -> None:
+    """One token (the common ``keep-alive`` takes a shortcut) acts as it does in a list."""
+    rest: H = [(b"close", b"c"), (b"x-secret", b"s"), (b"keep-alive", b"5"), (b"te", b"t")]
+    alone = request_headers(_scope([(b"connection", value), *rest]), drop_deadline=False)
+    listed = [(b"connection", value + b", x-unused"), *rest]
+    assert alone == request_headers(_scope(listed), drop_deadline=False)
+    names = {name for name, _ in alone} - {b"x-forwarded-for", b"x-forwarded-proto"}
+    assert names == {b"close", b"x-secret"} - {value.lower()}
+
+
 class Recorder:
     """MockTransport handler: records requests (body read) and answers 200."""
 

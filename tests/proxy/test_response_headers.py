@@ -36,6 +36,19 @@ def test_hop_by_hop_and_connection_named_headers_go_repeats_stay() -> None:
         assert response_headers(RAW) == (EXPECTED, 1024, True)
 
 
+@pytest.mark.parametrize("value", [b"keep-alive", b"Keep-Alive", b"close", b"X-Secret", b"te"])
+def test_a_single_connection_token_removes_what_it_names_and_nothing_else(value: bytes) -> None:
+    """One token (the common ``keep-alive`` takes a shortcut): the header it names goes, the
+    rest stays, exactly as with the token in a list."""
+    raw = [(b"Connection", value), (b"Close", b"c"), (b"X-Secret", b"s"), (b"Keep-Alive", b"5"),
+           (b"TE", b"t"), (b"X-Other", b"o")]  # fmt: skip
+    listed = [(b"Connection", value + b", x-unused"), *raw[1:]]
+    got = response_headers(raw)
+    assert got == response_headers(listed)
+    names = {name for name, _ in got[0]}
+    assert names == {b"close", b"x-secret", b"x-other"} - {value.lower()}
+
+
 @pytest.mark.parametrize("value", [b"12x", b"-1", b"", b"1 2", b"2, 2", b"+2", b"\xd9\xa3"])
 def test_a_content_length_that_is_not_one_run_of_digits_is_refused(value: bytes) -> None:
     """Not digits, negative, empty, a list, a sign, non-ASCII digits: refused (502)."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from typing import cast
 
 import httpx
@@ -40,7 +39,7 @@ from ballast_asgi.config import ProxyConfig
 from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.head import NO_HEAD, HeadLimits, read_head
 from ballast_asgi.core.outcome import AttemptOutcome
-from ballast_asgi.core.types import Clock, RawHeaders, Receive, Scope, Send
+from ballast_asgi.core.types import Clock, Receive, Scope, Send
 from ballast_asgi.middleware.context import RequestContext, find_context
 from ballast_asgi.middleware.responses import send_refusal
 from ballast_asgi.proxy.body import (
@@ -51,7 +50,6 @@ from ballast_asgi.proxy.body import (
     read_body,
 )
 from ballast_asgi.proxy.calls import (
-    Response,
     deadline_timeouts,
     direct_call,
     httpx_request,
@@ -74,10 +72,11 @@ from ballast_asgi.proxy.headers import (
     response_head,
 )
 from ballast_asgi.proxy.redirects import client_host
-from ballast_asgi.proxy.respond import Head, Relay, gone
+from ballast_asgi.proxy.respond import Relay, gone
 from ballast_asgi.proxy.server import drop_request_trailers
 from ballast_asgi.proxy.transports import DirectResponse
 from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
+from ballast_asgi.proxy.transports.lean_wire import LeanResponse
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
@@ -191,19 +190,7 @@ class ProxyApp:
             if body or length is not None:  # framed by the bytes read, whatever was declared
                 headers.append(_length_header(len(body)))
             stream = body
-        await self._forward(scope, receive, send, ctx, headers, stream, source, head.host)
-
-    async def _forward(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        ctx: RequestContext | None,
-        headers: RawHeaders,
-        stream: httpx.AsyncByteStream | bytes,
-        source: RequestBodyStream | None,
-        host: bytes | None,
-    ) -> None:
+        host = head.host
         timeout, deadline_ms = deadline_timeouts(ctx, self.clock, self.config,
                                                  self._default_timeout)  # fmt: skip
         if timeout is None:
@@ -225,26 +212,9 @@ class ProxyApp:
             request = httpx_request(scope, upstream, headers, stream, timeout, source)
             call = connections.send_httpx(request)
         head_s = timeout["read"] if "total" in timeout and not connections.bounds_total else None
-        attempt = await self._attempt(call, upstream, send, ctx, source, head_s)
-        if attempt is not None:
-            response, head = attempt
-            try:
-                await self._relay.respond(selector, response, head, upstream, scope, receive,
-                                          send, ctx, source, host)  # fmt: skip
-            finally:
-                await response.aclose()
-
-    async def _attempt(
-        self,
-        call: Awaitable[Response],
-        upstream: Upstream,
-        send: Send,
-        ctx: RequestContext | None,
-        source: RequestBodyStream | None,
-        head_s: float | None,
-    ) -> tuple[Response, Head] | None:
-        """One upstream call up to the checked response head (bounded by ``head_s``),
-        recorded once; a head ``response_head`` refuses is a protocol error (502)."""
+        # The attempt, up to the checked response head (bounded by ``head_s``), recorded
+        # once; a head ``response_head`` refuses is a protocol error (502). Inline: no
+        # coroutine per layer on the common path.
         started = self.clock()
         try:
             if head_s is None:
@@ -254,23 +224,30 @@ class ProxyApp:
                     response = await call
         except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge, BodyMismatch) as exc:
             await self._attempt_failed(exc, upstream, send, ctx, source)
-            return None
+            return
         status = response.status_code
         raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
         try:
             controls = not getattr(response, "values_checked", False)
-            head = response_head(status, raw, self._max_headers, self._max_head_bytes, controls)
+            relayed = response_head(status, raw, self._max_headers, self._max_head_bytes, controls)
         except BadResponseHead as exc:
             await response.aclose()  # not read: the upstream connection is closed
             await self._attempt_failed(exc, upstream, send, ctx, source)
-            return None
+            return
         now = self.clock()
         rtt_s = now - started
         if self.metrics is not None:
             self.metrics.upstream_latency.observe(rtt_s)
         outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
         self._record(ctx, upstream, outcome, rtt_s, now)
-        return response, head
+        try:
+            await self._relay.respond(selector, response, relayed, upstream, scope, receive,
+                                      send, ctx, source, host)  # fmt: skip
+        finally:
+            if isinstance(response, LeanResponse):
+                response.abort()  # what its ``aclose`` does, without a coroutine
+            else:
+                await response.aclose()
 
     async def _attempt_failed(
         self,

@@ -176,11 +176,17 @@ class ProxyApp:
             headers.append(_CHUNKED if length is None else _length_header(length))
             stream: httpx.AsyncByteStream | bytes = source
         else:
-            try:
-                body = await read_body(receive, limit)
-            except ClientGone:
-                gone(ctx)
-                return
+            message = await receive()  # the common case: the whole body in one message
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body = message.get("body", b"")
+                if len(body) > limit:
+                    body = None
+            else:
+                try:
+                    body = await read_body(receive, limit, message)
+                except ClientGone:
+                    gone(ctx)
+                    return
             if body is None:
                 await self._relay.refuse(send, ctx, 413, too_large(limit))
                 return

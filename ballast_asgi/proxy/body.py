@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from ballast_asgi.core.types import Receive, Send
+from ballast_asgi.core.types import Message, Receive, Send
 
 
 class ClientGone(Exception):
@@ -51,9 +51,12 @@ class ClientSendTimeout(Exception):
     """The client did not take a response chunk within the send timeout: aborted."""
 
 
-async def read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None when it is larger than ``limit``."""
-    message = await receive()
+async def read_body(receive: Receive, limit: int, first: Message | None = None) -> bytes | None:
+    """The whole request body, or None when it is larger than ``limit``.
+
+    ``first``: the first message, when the caller already received it.
+    """
+    message = await receive() if first is None else first
     if message["type"] != "http.request":
         raise ClientGone
     body: bytes = message.get("body", b"")

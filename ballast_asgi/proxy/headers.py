@@ -254,7 +254,11 @@ def raw_target(scope: Scope) -> bytes:
     The path is empty when the request is for the mount point itself (the
     upstream's base path is used as it is).
     """
-    target = _relative_path(scope)
+    raw = scope.get("raw_path")
+    if raw and type(raw) is bytes and not scope.get("root_path"):
+        target = raw  # not mounted: the raw path as it is (what ``_relative_path`` returns)
+    else:
+        target = _relative_path(scope)
     query: bytes = scope.get("query_string", b"")
     if query:
         target = target + b"?" + query

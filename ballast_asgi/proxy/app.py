@@ -289,7 +289,9 @@ class ProxyApp:
         if ctx is not None:
             ctx.record(outcome, rtt_s)
             ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
-        self.selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
+        selector = self.selector
+        if type(selector) is not SingleUpstream:  # its reports are no-ops
+            selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
         if outcome is AttemptOutcome.CONNECT_ERROR:  # rate-limited per upstream (events.py)
             emit("upstream.connect_error", "warning", key=upstream.display, upstream=upstream.display)  # fmt: skip  # noqa: E501
 

@@ -121,6 +121,8 @@ _KEEP, _HOP, _CONNECTION, _LENGTH, _LOCATION, _CODING = range(6)
 #: Name as received -> (lower-cased name, treatment); bounded (an upstream picks the names).
 _NAMES: dict[bytes, tuple[bytes, int]] = {}
 _NAMES_MAX = 1024
+#: The names of ``_NAMES`` treated ``_KEEP`` -> lower-cased (the loop's shortcut).
+_KEPT: dict[bytes, bytes] = {}
 #: The one transfer coding the gateway decodes (RFC 9112 section 6.1; nginx's rule).
 _CHUNKED = b"chunked"
 #: Control characters a field value may not hold (RFC 9110 5.5; uvicorn raises on them).
@@ -148,6 +150,8 @@ def _name(name: bytes) -> tuple[bytes, int]:
         kind = _KEEP
     if len(_NAMES) < _NAMES_MAX:
         _NAMES[name] = (lname, kind)
+        if kind == _KEEP:
+            _KEPT[name] = lname
     return lname, kind
 
 
@@ -176,10 +180,15 @@ def response_headers(
     location = False
     size = 0
     names = _NAMES
+    kept = _KEPT
     for name, value in raw:
         size += len(name) + len(value)
         if controls and _CTL.search(value) is not None:
             raise BadResponseHead("upstream sent a control character in a header value")
+        lname = kept.get(name)  # the common case: a name passed on as it is, lower-cased
+        if lname is not None:
+            out.append((lname, value))
+            continue
         lname, kind = names.get(name) or _name(name)
         if kind == _KEEP:
             out.append((lname, value))

@@ -35,7 +35,7 @@ from ballast_asgi.proxy.calls import Response
 from ballast_asgi.proxy.failures import ERROR_BODIES
 from ballast_asgi.proxy.redirects import rewrite_locations
 from ballast_asgi.proxy.transports import DirectResponse
-from ballast_asgi.proxy.upstream import Selector, Upstream
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
 from ballast_asgi.telemetry.metrics import Metrics
 
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -85,7 +85,8 @@ class Relay:
                 except OSError:
                     gone(ctx)
                     return
-                selector.report_body(upstream, True, self._clock())
+                if type(selector) is not SingleUpstream:  # its reports are no-ops: no clock
+                    selector.report_body(upstream, True, self._clock())
                 return
 
         def watch() -> asyncio.Future[Any] | None:

@@ -159,7 +159,11 @@ class Selector(Protocol):
 
 
 class SingleUpstream:
-    """The default selector: one upstream, nothing to balance, reports ignored."""
+    """The default selector: one upstream, nothing to balance, reports ignored.
+
+    The proxy does not call the reports of this exact class (no clock read for a
+    no-op); a subclass that overrides them is called as any selector.
+    """
 
     __slots__ = ("upstream",)
 

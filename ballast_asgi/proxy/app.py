@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import cast
 
 import httpx
 
@@ -206,9 +205,9 @@ class ProxyApp:
             return
         if deadline_ms is not None:
             headers.append((DEADLINE, deadline_ms))
-        tried = () if ctx is None else cast("tuple[Upstream, ...]", ctx.tried_upstreams)
+        tried: tuple[object, ...] = () if ctx is None else ctx.tried_upstreams
         selector = self.selector
-        upstream = selector.choose(ctx, tried)
+        upstream = selector.choose(ctx, tried)  # type: ignore[arg-type]  # (no cast call)
         public = client_host(scope, host) if self.config.preserve_host else None
         headers.insert(0, (b"host", public or upstream.netloc))
         limits = self._default_limits if timeout is self._default_timeout else None

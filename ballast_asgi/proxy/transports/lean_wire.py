@@ -108,14 +108,15 @@ class LeanResponse(DirectResponse):
             return  # trailers (or a response nobody asked for)
         if len(name) + len(value) > self._limit:
             self._bad = httpx.RemoteProtocolError(f"upstream header field over {self._limit} bytes")
-        if len(self._fields) >= self._max_headers:  # no list of 60,000 fields is built
+        fields = self._fields
+        if len(fields) >= self._max_headers:  # no list of 60,000 fields is built
             self._bad = httpx.RemoteProtocolError(
                 f"upstream sent more than {self._max_headers} header fields"
             )
             return
         if value and value[-1] in _OWS:
             value = value.rstrip(b" \t")
-        self._fields.append((name, value))
+        fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         if self._final:
@@ -140,7 +141,8 @@ class LeanResponse(DirectResponse):
             return
         self._chunks.append(body)
         self._size += len(body)
-        self._wake()
+        if self._waiter is not None:  # someone iterates the body (not the common small one)
+            self._wake()
         if self._size > HIGH_WATER_BYTES:
             self._conn.pause(True)
 
@@ -149,7 +151,8 @@ class LeanResponse(DirectResponse):
             self._complete = True
             assert self._parser is not None
             self._keep = self._parser.should_keep_alive()
-            self._wake()
+            if self._waiter is not None:
+                self._wake()
 
     # -- events from the connection ------------------------------------------
     def feed(self, data: bytes) -> None:

@@ -29,7 +29,7 @@ from ballast_asgi.proxy.transports.aiohttp_transport import (
     direct_url,
 )
 from ballast_asgi.proxy.transports.direct import DirectResponse
-from ballast_asgi.proxy.transports.lean import LeanTransport
+from ballast_asgi.proxy.transports.lean import LeanTransport, lean_limits
 from ballast_asgi.proxy.upstream import Upstream
 
 #: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
@@ -87,7 +87,7 @@ def direct_call(
             raw_target(scope),
             headers,
             body,
-            client_timeout(timeout) if limits is None else limits,
+            lean_limits(timeout) if limits is None else limits,
         )
         if lean is not None:
             return lean

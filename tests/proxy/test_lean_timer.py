@@ -12,8 +12,9 @@ import asyncio
 import httpx
 import pytest
 
+from ballast_asgi.proxy.calls import direct_call
 from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
-from ballast_asgi.proxy.transports.lean import LeanTransport
+from ballast_asgi.proxy.transports.lean import LeanTransport, lean_limits
 from tests.lean_support import Raw, answering, body_of, get, raw_upstream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -74,3 +75,36 @@ async def test_an_early_check_does_not_fail_a_longer_bound() -> None:
         assert answered.is_set() and conn.timer is not armed  # fired early, re-armed
         await transport.aclose()
     assert raw.connections == 1
+
+
+@pytest.mark.parametrize(
+    "t",
+    [
+        {"connect": 2.0, "read": 30.0, "write": 30.0, "pool": 30.0},
+        {"connect": 0.5, "read": 1.0, "write": 1.0, "pool": 1.0, "total": 1.0},
+        {"connect": 0.5, "read": 5.0, "write": 5.0, "pool": 0.0, "total": 2.0},
+        {"connect": 0.5, "read": 0.2, "write": 1.0, "pool": 1.0, "total": 2.0},
+        {"connect": None, "read": None, "write": None, "pool": None},
+        {"read": 1.0},
+    ],
+)
+def test_lean_limits_are_client_timeout_without_the_dataclass(t: dict[str, float | None]) -> None:
+    """``lean_limits`` gives the lean transport exactly what ``client_timeout`` would."""
+    ours, theirs = lean_limits(t), client_timeout(t)
+    fields = ("total", "connect", "sock_connect", "sock_read")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+
+
+async def test_a_request_deadline_bounds_the_lean_exchange_through_direct_call() -> None:
+    """With a deadline (``total``), ``direct_call`` hands the lean transport its limits:
+    an upstream that never answers is cut at the deadline with ReadTimeout."""
+    async with raw_upstream(answering()) as (_raw, up):
+        transport = LeanTransport()
+        timeout = {"connect": 1.0, "read": 0.05, "write": 0.05, "pool": 0.05, "total": 0.05}
+        scope = {"method": "GET", "path": "/p", "raw_path": b"/p", "query_string": b""}
+        call = direct_call(transport, scope, up, [(b"host", up.netloc)], b"", timeout)
+        assert call is not None
+        async with asyncio.timeout(5.0):  # a hang fails the test instead of blocking it
+            with pytest.raises(httpx.ReadTimeout, match="deadline"):
+                await call
+        await transport.aclose()

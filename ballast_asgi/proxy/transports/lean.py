@@ -15,10 +15,12 @@ Pool: idle keep-alive connections per ``(host, port)``, newest first, unused
 after ``keepalive_s`` (checked when taken, swept in the background); at most
 ``max_connections`` open (in use + idle) across all upstreams, an idle one of
 another upstream closed to make room, else the request waits for a slot.
-Timeouts come from aiohttp's ``ClientTimeout`` as ``client_timeout`` builds
-it: ``connect`` bounds waiting for a slot plus connecting, ``sock_connect`` the
-connect, ``total`` the whole exchange (body included), ``sock_read`` the gap
-between reads. Errors are httpx's as ``map_error`` gives them: refused ->
+Timeouts (``Limits``) are aiohttp's ``ClientTimeout`` as ``client_timeout``
+builds it, or the same values as ``lean_limits`` gives them without the
+dataclass (``proxy/calls.py``, per request with a deadline): ``connect``
+bounds waiting for a slot plus connecting, ``sock_connect`` the connect,
+``total`` the whole exchange (body included), ``sock_read`` the gap between
+reads. Errors are httpx's as ``map_error`` gives them: refused ->
 ``ConnectError``, connect or slot timeout -> ``ConnectTimeout``; the rest in
 ``lean_wire.py``. No request is ever sent twice (no hidden retry, not even on
 a pooled connection the upstream had closed).
@@ -28,11 +30,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
 
 import httpx
-from aiohttp import ClientTimeout
 
 from ballast_asgi.core.types import RawHeaders
 from ballast_asgi.proxy.transports.aiohttp_transport import AiohttpTransport
@@ -42,6 +43,54 @@ from ballast_asgi.proxy.upstream import Upstream
 
 #: Bodies above this go in their own write (no copy into the head's bytes).
 _JOIN_BODY_BYTES = 64 * 1024
+
+
+class Limits(Protocol):
+    """What the lean transport reads of its timeouts (aiohttp's ``ClientTimeout`` has it)."""
+
+    @property
+    def total(self) -> float | None:
+        """Bound on the whole exchange, body included (the request's deadline)."""
+
+    @property
+    def connect(self) -> float | None:
+        """Bound on waiting for a pool slot plus connecting."""
+
+    @property
+    def sock_connect(self) -> float | None:
+        """Bound on the connect itself."""
+
+    @property
+    def sock_read(self) -> float | None:
+        """Bound on the gap between reads."""
+
+
+class LeanLimits:
+    """``client_timeout``'s values, without aiohttp's ``ClientTimeout`` (a frozen dataclass
+    that costs about a microsecond to build: one per request with a deadline)."""
+
+    __slots__ = ("connect", "sock_connect", "sock_read", "total")
+
+    def __init__(
+        self,
+        total: float | None,
+        connect: float | None,
+        sock_connect: float | None,
+        sock_read: float | None,
+    ) -> None:
+        self.total = total
+        self.connect = connect
+        self.sock_connect = sock_connect
+        self.sock_read = sock_read
+
+
+def lean_limits(t: Mapping[str, float | None]) -> LeanLimits:
+    """What ``aiohttp_adapt.client_timeout(t)`` gives, as a ``LeanLimits`` (tested equal)."""
+    connect, read, total = t.get("connect"), t.get("read"), t.get("total")
+    acquire = None if connect is None else connect + (t.get("pool") or 0.0)
+    if total is not None and read is not None and read >= total:
+        read = None  # the total fires first
+    return LeanLimits(total, acquire, connect, read)
 
 
 def request_head(
@@ -84,9 +133,7 @@ class _Pool:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def acquire(
-        self, host: str, port: int, limits: ClientTimeout, deadline: float | None
-    ) -> Conn:
+    async def acquire(self, host: str, port: int, limits: Limits, deadline: float | None) -> Conn:
         """A connection for one exchange (pooled if one is fresh, else a new one)."""
         key = (host, port)
         until: float | None = None
@@ -141,9 +188,7 @@ class _Pool:
                 raise httpx.ConnectTimeout("no upstream connection free in time") from None
             raise
 
-    async def _connect(
-        self, key: tuple[str, int], limits: ClientTimeout, deadline: float | None
-    ) -> Conn:
+    async def _connect(self, key: tuple[str, int], limits: Limits, deadline: float | None) -> Conn:
         loop = asyncio.get_running_loop()
         connect = limits.sock_connect if limits.sock_connect is not None else limits.connect
         try:
@@ -249,7 +294,7 @@ class LeanTransport(AiohttpTransport):
         target: bytes,
         headers: RawHeaders,
         body: bytes,
-        limits: ClientTimeout,
+        limits: Limits,
     ) -> Awaitable[DirectResponse] | None:
         """The exchange for an http upstream, or None when the aiohttp path must carry it."""
         if upstream.scheme != "http":
@@ -260,7 +305,7 @@ class LeanTransport(AiohttpTransport):
         return self._exchange(method == "HEAD", upstream, head, body, limits)
 
     async def _exchange(
-        self, head_only: bool, upstream: Upstream, head: bytes, body: bytes, limits: ClientTimeout
+        self, head_only: bool, upstream: Upstream, head: bytes, body: bytes, limits: Limits
     ) -> DirectResponse:
         now = asyncio.get_running_loop().time()
         total = limits.total
@@ -295,4 +340,4 @@ class LeanTransport(AiohttpTransport):
         await super().aclose()
 
 
-__all__ = ["LeanTransport", "request_head"]
+__all__ = ["LeanLimits", "LeanTransport", "Limits", "lean_limits", "request_head"]

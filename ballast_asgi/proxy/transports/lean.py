@@ -30,67 +30,20 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any
 
 import httpx
 
 from ballast_asgi.core.types import RawHeaders
 from ballast_asgi.proxy.transports.aiohttp_transport import AiohttpTransport
 from ballast_asgi.proxy.transports.direct import DirectResponse
+from ballast_asgi.proxy.transports.lean_conn import LeanLimits, Limits, lean_limits
 from ballast_asgi.proxy.transports.lean_wire import Conn, LeanResponse
 from ballast_asgi.proxy.upstream import Upstream
 
 #: Bodies above this go in their own write (no copy into the head's bytes).
 _JOIN_BODY_BYTES = 64 * 1024
-
-
-class Limits(Protocol):
-    """What the lean transport reads of its timeouts (aiohttp's ``ClientTimeout`` has it)."""
-
-    @property
-    def total(self) -> float | None:
-        """Bound on the whole exchange, body included (the request's deadline)."""
-
-    @property
-    def connect(self) -> float | None:
-        """Bound on waiting for a pool slot plus connecting."""
-
-    @property
-    def sock_connect(self) -> float | None:
-        """Bound on the connect itself."""
-
-    @property
-    def sock_read(self) -> float | None:
-        """Bound on the gap between reads."""
-
-
-class LeanLimits:
-    """``client_timeout``'s values, without aiohttp's ``ClientTimeout`` (a frozen dataclass
-    that costs about a microsecond to build: one per request with a deadline)."""
-
-    __slots__ = ("connect", "sock_connect", "sock_read", "total")
-
-    def __init__(
-        self,
-        total: float | None,
-        connect: float | None,
-        sock_connect: float | None,
-        sock_read: float | None,
-    ) -> None:
-        self.total = total
-        self.connect = connect
-        self.sock_connect = sock_connect
-        self.sock_read = sock_read
-
-
-def lean_limits(t: Mapping[str, float | None]) -> LeanLimits:
-    """What ``aiohttp_adapt.client_timeout(t)`` gives, as a ``LeanLimits`` (tested equal)."""
-    connect, read, total = t.get("connect"), t.get("read"), t.get("total")
-    acquire = None if connect is None else connect + (t.get("pool") or 0.0)
-    if total is not None and read is not None and read >= total:
-        read = None  # the total fires first
-    return LeanLimits(total, acquire, connect, read)
 
 
 def request_head(

@@ -12,18 +12,69 @@ stays armed across exchanges and is re-armed only when an exchange needs an
 earlier check than the one already due; a check that comes early re-arms for
 the exchange's own due time (``LeanResponse.on_timer``), so every bound is as
 strict as with a timer per exchange, without a ``call_at`` and a ``cancel``
-per request. It is cancelled when the connection closes.
+per request. It is cancelled when the connection closes. The bounds it checks
+come as ``Limits`` (aiohttp's ``ClientTimeout``, or ``LeanLimits``: the same
+values without the dataclass, ``lean_limits``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     from ballast_asgi.proxy.transports.lean_wire import LeanResponse
+
+
+class Limits(Protocol):
+    """What the lean transport reads of its timeouts (aiohttp's ``ClientTimeout`` has it)."""
+
+    @property
+    def total(self) -> float | None:
+        """Bound on the whole exchange, body included (the request's deadline)."""
+
+    @property
+    def connect(self) -> float | None:
+        """Bound on waiting for a pool slot plus connecting."""
+
+    @property
+    def sock_connect(self) -> float | None:
+        """Bound on the connect itself."""
+
+    @property
+    def sock_read(self) -> float | None:
+        """Bound on the gap between reads."""
+
+
+class LeanLimits:
+    """``client_timeout``'s values, without aiohttp's ``ClientTimeout`` (a frozen dataclass
+    that costs about a microsecond to build: one per request with a deadline)."""
+
+    __slots__ = ("connect", "sock_connect", "sock_read", "total")
+
+    def __init__(
+        self,
+        total: float | None,
+        connect: float | None,
+        sock_connect: float | None,
+        sock_read: float | None,
+    ) -> None:
+        self.total = total
+        self.connect = connect
+        self.sock_connect = sock_connect
+        self.sock_read = sock_read
+
+
+def lean_limits(t: Mapping[str, float | None]) -> LeanLimits:
+    """What ``aiohttp_adapt.client_timeout(t)`` gives, as a ``LeanLimits`` (tested equal)."""
+    connect, read, total = t.get("connect"), t.get("read"), t.get("total")
+    acquire = None if connect is None else connect + (t.get("pool") or 0.0)
+    if total is not None and read is not None and read >= total:
+        read = None  # the total fires first
+    return LeanLimits(total, acquire, connect, read)
+
 
 Release = Callable[["Conn", bool], None]
 

@@ -108,3 +108,23 @@ async def test_a_request_deadline_bounds_the_lean_exchange_through_direct_call()
             with pytest.raises(httpx.ReadTimeout, match="deadline"):
                 await call
         await transport.aclose()
+
+
+async def test_a_paused_read_is_not_the_upstreams_idle_time() -> None:
+    """A consumer slower than ``sock_read`` pauses the socket read: the idle bound waits with
+    it (the connection's timer re-arms while paused) and the whole body arrives."""
+    size = 4 * 1024 * 1024
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size
+    async with raw_upstream(answering(head + b"x" * size)) as (_raw, up):
+        transport = LeanTransport()
+        limits = client_timeout({"connect": 1.0, "read": 0.2, "write": 1.0, "pool": 1.0})
+        response = await get(transport, up, limits=limits)
+        got = 0
+        async with asyncio.timeout(20.0):  # a hang fails the test instead of blocking it
+            async for chunk in response.stream:  # type: ignore[attr-defined]
+                if not got:
+                    await asyncio.sleep(0.6)  # the consumer's pace: three idle bounds
+                got += len(chunk)
+        await response.aclose()
+        await transport.aclose()
+    assert got == size

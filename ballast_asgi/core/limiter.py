@@ -32,6 +32,9 @@ is the sum of the partitions' limits; ``limiter_partitions.py`` says which
 routes get their own, when a new one starts at the quiet limit and when an
 idle one starts over. ``Permit`` is ``limiter_permit.py``, the throughput and
 minimum-RTT windows ``limiter_windows.py`` (every name importable from here).
+A sample goes to the algorithm's ``on_result`` (its fields as arguments) when
+the algorithm has one whose ``on_sample`` only unpacks the ``Sample``
+(``limit.base.result_feed``: the gradient), else as a ``Sample`` to ``on_sample``.
 ``live_limiters()`` lists limiters alive in the process so a test
 fixture can assert that none is left with permits in flight.
 """
@@ -43,7 +46,7 @@ import math
 import weakref
 from collections.abc import Callable
 
-from ballast_asgi.core.limit.base import LimitAlgorithm, Sample
+from ballast_asgi.core.limit.base import LimitAlgorithm, ResultFeed, Sample, result_feed
 from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, OTHER_ROUTE
 from ballast_asgi.core.limiter_partitions import (
     DEFAULT_PARTITION_IDLE_S,
@@ -58,6 +61,9 @@ from ballast_asgi.core.limiter_windows import RateWindow, WindowedMin
 from ballast_asgi.core.outcome import Outcome
 
 _LIVE: weakref.WeakSet[Limiter] = weakref.WeakSet()
+#: Enum members read once: an attribute of an ``Enum`` class costs ~0.1 us a read.
+_IGNORED = Outcome.IGNORED
+_DROPPED = Outcome.DROPPED
 _SERIAL = itertools.count(1)
 
 
@@ -114,6 +120,9 @@ class Limiter(RoutePartitioning):
         #: these routes (``routes[].limiter.partition``), the others share ``SHARED``.
         self.own_routes = own_routes
         self._first_sample_at: float | None = None
+        #: ``result_feed(algorithm)`` and the algorithm it was resolved for.
+        self._fed: LimitAlgorithm | None = None
+        self._feed: ResultFeed | None = None
         _LIVE.add(self)
 
     # -- state ----------------------------------------------------------------
@@ -147,7 +156,10 @@ class Limiter(RoutePartitioning):
             return self._inflight < self.limit
         if self.max_limit is not None and self._inflight >= self.max_limit:
             return False
-        part = self._part(route)  # a route never seen starts at its initial limit
+        own = self.own_routes
+        part = self._parts.get(route if own is None or route in own else SHARED)
+        if part is None:
+            part = self._part(route)  # a route never seen starts at its initial limit
         return part.inflight < part.algorithm.limit
 
     def throughput_rps(self, now: float) -> float:
@@ -160,41 +172,46 @@ class Limiter(RoutePartitioning):
         None when it cannot tell without changing the partition table (it is full)."""
         if self._partition is None:
             return self._inflight >= self.limit
-        capped = self.max_limit is not None and self._inflight >= self.max_limit
-        return True if capped else self._part_full(now, route)
+        if self.max_limit is not None and self._inflight >= self.max_limit:
+            return True
+        own = self.own_routes
+        part = self._parts.get(route if own is None or route in own else SHARED)
+        if part is not None and (part.inflight or now - part.used < self.partition_idle_s):
+            return part.inflight >= part.algorithm.limit
+        return self._part_full(now, route)  # none yet, or stale: ``_part`` would make one
 
     def try_acquire(self, now: float, route: str = "") -> Permit | None:
         """A permit if in-flight is below the limit, else None. Never blocks.
 
         ``route`` is the request's route key: partitioned, its own limit decides.
         """
-        if self._partition is not None:
-            return self._acquire_part(now, route)
-        limit = self.limit
-        if self._inflight >= limit:
-            self.rejected += 1
-            return None
-        self._inflight += 1
-        self.acquired += 1
-        permit = Permit(self, now, self._inflight, limit)
-        permit.route = route
-        return permit
-
-    def _acquire_part(self, now: float, route: str) -> Permit | None:
-        part = self._part(route, now)
+        if self._partition is None:
+            limit = self.limit
+            if self._inflight >= limit:
+                self.rejected += 1
+                return None
+            self._inflight += 1
+            self.acquired += 1
+            return Permit(self, now, self._inflight, limit, route)
+        own = self.own_routes
+        key = route if own is None or route in own else SHARED
+        part = self._parts.get(key)
+        if part is None or (not part.inflight and now - part.used >= self.partition_idle_s):
+            # None yet, or idle (its limit is stale), or the table is full: ``_part`` decides.
+            part = self._part(route, now)
+            if self._parts.get(key) is not part:
+                route = OTHER_ROUTE
         limit = part.algorithm.limit
-        capped = self.max_limit is not None and self._inflight >= self.max_limit
-        if capped or part.inflight >= limit:
+        if (self.max_limit is not None and self._inflight >= self.max_limit) or (
+            part.inflight >= limit
+        ):
             self.rejected += 1
             return None
         part.inflight += 1
         part.used = now
         self._inflight += 1
         self.acquired += 1
-        permit = Permit(self, now, part.inflight, limit)
-        permit.route = route if self._parts.get(self._key(route)) is part else OTHER_ROUTE
-        permit.part = part
-        return permit
+        return Permit(self, now, part.inflight, limit, route, part)
 
     def set_algorithm(
         self,
@@ -225,39 +242,53 @@ class Limiter(RoutePartitioning):
         """Call ``callback(now)`` after every release (one callback; None clears it)."""
         self._on_release = callback
 
-    def _release(self, permit: Permit, outcome: Outcome, now: float, rtt_s: float | None) -> None:
-        self._inflight -= 1
-        if permit.part is not None:
-            permit.part.inflight -= 1
-        if outcome is not Outcome.IGNORED:
-            self._record(permit, outcome is Outcome.DROPPED, now, rtt_s)
-        self._notify(now)
+    def _release(self, permit: Permit, outcome: Outcome, now: float, rtt: float | None) -> None:
+        """Give ``permit`` back: its sample (unless IGNORED), then the on-release callback.
 
-    def _record(self, permit: Permit, dropped: bool, now: float, rtt: float | None) -> None:
-        rtt_s = max(0.0, now - permit.start if rtt is None else rtt)
-        self._completions.add(now)
-        if not dropped:
-            self._rtt_min.add(rtt_s, now)
-            prev = self._rtt_recent_s
-            self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
-        lag = self.loop_lag() if self.loop_lag is not None else 0.0
-        sample = Sample(
-            permit.start,
-            rtt_s,
-            permit.inflight_at_start,
-            dropped,
-            permit.limit_at_start,
-            lag,
-            permit.route,
-        )
-        if self._first_sample_at is None:
-            self._first_sample_at = now
+        One method for the whole release (it is every request's): the sample goes
+        to the algorithm's ``on_result`` when it has one (``result_feed``), so no
+        ``Sample`` is built; otherwise ``on_sample(Sample(...))``.
+        """
+        self._inflight -= 1
         part = permit.part
         if part is not None:
-            part.used = now
-            part.algorithm.on_sample(sample, now)
-        else:
-            self.algorithm.on_sample(sample, now)
+            part.inflight -= 1
+        if outcome is not _IGNORED:
+            dropped = outcome is _DROPPED
+            rtt_s = now - permit.start if rtt is None else rtt
+            if not rtt_s > 0.0:  # ``max(0.0, rtt_s)``
+                rtt_s = 0.0
+            self._completions.add(now)
+            if not dropped:
+                self._rtt_min.add(rtt_s, now)
+                prev = self._rtt_recent_s
+                self._rtt_recent_s = rtt_s if prev is None else prev + self._alpha * (rtt_s - prev)
+            lag = self.loop_lag() if self.loop_lag is not None else 0.0
+            if self._first_sample_at is None:
+                self._first_sample_at = now
+            if part is not None:
+                part.used = now
+                algorithm = part.algorithm
+                feed = part.feed
+            else:
+                algorithm = self.algorithm
+                if algorithm is not self._fed:
+                    self._fed, self._feed = algorithm, result_feed(algorithm)
+                feed = self._feed
+            if feed is not None:
+                feed(permit.start, rtt_s, permit.inflight_at_start, dropped,
+                     permit.limit_at_start, lag, permit.route, now)  # fmt: skip
+            else:
+                sample = Sample(permit.start, rtt_s, permit.inflight_at_start, dropped,
+                                permit.limit_at_start, lag, permit.route)  # fmt: skip
+                algorithm.on_sample(sample, now)
+        callback = self._on_release  # ``_notify``
+        if callback is not None and not self._notifying:
+            self._notifying = True
+            try:
+                callback(now)
+            finally:
+                self._notifying = False
 
     def _notify(self, now: float) -> None:
         callback = self._on_release

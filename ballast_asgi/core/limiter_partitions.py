@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ballast_asgi.core.limit.base import LimitAlgorithm
+from ballast_asgi.core.limit.base import LimitAlgorithm, result_feed
 from ballast_asgi.core.limit.route_floors import OTHER_ROUTE
 
 #: The partition of the routes without one of their own (``Limiter.own_routes``).
@@ -39,10 +39,12 @@ DEFAULT_PARTITION_IDLE_S = 10.0
 class Partition:
     """One route's algorithm, in-flight count and last use."""
 
-    __slots__ = ("algorithm", "inflight", "used")
+    __slots__ = ("algorithm", "feed", "inflight", "used")
 
     def __init__(self, algorithm: LimitAlgorithm, now: float) -> None:
         self.algorithm = algorithm
+        #: ``algorithm``'s ``on_result`` when it has one (``result_feed``): no ``Sample``.
+        self.feed = result_feed(algorithm)
         self.inflight = 0
         self.used = now
 

@@ -32,7 +32,13 @@ class Permit:
     )
 
     def __init__(
-        self, limiter: Limiter, start: float, inflight_at_start: int, limit_at_start: int = 0
+        self,
+        limiter: Limiter,
+        start: float,
+        inflight_at_start: int,
+        limit_at_start: int = 0,
+        route: str = "",
+        part: Partition | None = None,
     ) -> None:
         self._limiter = limiter
         self.start = start
@@ -40,10 +46,10 @@ class Permit:
         #: The limit in force when the permit was granted (0: unknown).
         self.limit_at_start = limit_at_start
         self.released = False
-        #: The request's route key, set by the stage that knows it (ADR 0016).
-        self.route = ""
+        #: The request's route key (ADR 0016).
+        self.route = route
         #: The route's partition when the limiter is partitioned.
-        self.part: Partition | None = None
+        self.part = part
 
     def release(self, outcome: Outcome, now: float, rtt_s: float | None = None) -> None:
         """Return the permit; a second call is counted and otherwise ignored.

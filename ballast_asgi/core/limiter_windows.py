@@ -23,12 +23,15 @@ class RateWindow:
 
     def add(self, now: float) -> None:
         idx = int(now / self.bucket_s)
-        if self._first is None:
+        buckets = self._buckets
+        if buckets:
+            last = buckets[-1]
+            if last[0] == idx:  # the bucket of the last add: trimmed at this index already
+                last[1] += 1
+                return
+        elif self._first is None:
             self._first = now
-        if self._buckets and self._buckets[-1][0] == idx:
-            self._buckets[-1][1] += 1
-        else:
-            self._buckets.append([idx, 1])
+        buckets.append([idx, 1])
         self._trim(idx)
 
     def _trim(self, idx: int) -> None:
@@ -52,12 +55,16 @@ class WindowedMin:
 
     def add(self, value: float, now: float) -> None:
         idx = float(int(now / self.bucket_s))
-        if self._buckets and self._buckets[-1][0] == idx:
-            self._buckets[-1][1] = min(self._buckets[-1][1], value)
-        else:
-            self._buckets.append([idx, value])
-        while self._buckets and self._buckets[0][0] <= idx - 10:
-            self._buckets.popleft()
+        buckets = self._buckets
+        if buckets:
+            last = buckets[-1]
+            if last[0] == idx:  # the bucket of the last add: trimmed at this index already
+                if value < last[1]:  # ``min(last[1], value)``
+                    last[1] = value
+                return
+        buckets.append([idx, value])
+        while buckets and buckets[0][0] <= idx - 10:
+            buckets.popleft()
 
     def value(self) -> float | None:
         return min((v for _, v in self._buckets), default=None)

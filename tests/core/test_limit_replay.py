@@ -17,6 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from ballast_asgi.core.limit import GradientLimit, LimitAlgorithm, Sample, make_limit
+from ballast_asgi.core.limit.base import result_feed
 from ballast_asgi.core.limiter import Limiter, Permit
 from ballast_asgi.core.outcome import Outcome
 
@@ -167,3 +168,40 @@ LIMITERS: dict[str, Callable[[], Limiter]] = {
 def test_limiter_replay_is_bit_identical(name: str) -> None:
     """Acquires and releases replayed through a limiter give exactly the recorded states."""
     assert _replay_limiter(LIMITERS[name](), seed=21, steps=6000) == GOLDEN_LIMITER[name]
+
+
+class _Recording(GradientLimit):
+    """A gradient whose ``on_sample`` is overridden: it must still see every sample."""
+
+    def __init__(self) -> None:
+        super().__init__(rng=random.Random(1))
+        self.seen: list[Sample] = []
+
+    def on_sample(self, sample: Sample, now: float) -> int:
+        self.seen.append(sample)
+        return super().on_sample(sample, now)
+
+
+def test_an_overridden_on_sample_still_gets_samples() -> None:
+    """The limiter skips the ``Sample`` only for an algorithm whose ``on_sample`` just unpacks."""
+    algorithm = _Recording()
+    assert result_feed(algorithm) is None
+    assert result_feed(GradientLimit()) is not None
+    assert result_feed(make_limit("aimd")) is None
+    limiter = Limiter(algorithm)
+    permit = limiter.try_acquire(1.0, "/a")
+    assert permit is not None
+    permit.release(Outcome.SUCCESS, 1.25)
+    assert algorithm.seen == [Sample(1.0, 0.25, 1, False, 20, 0.0, "/a")]
+
+
+def test_on_result_is_on_sample_without_the_sample() -> None:
+    """Feeding fields to ``on_result`` moves the limit exactly as ``on_sample`` does."""
+    one, two = GradientLimit(rng=random.Random(2)), GradientLimit(rng=random.Random(2))
+    rng = random.Random(5)
+    for i in range(3000):
+        now = 10.0 + i * 0.001
+        rtt = rng.uniform(0.001, 0.02)
+        fields = (now - rtt, rtt, rng.randrange(1, 40), rng.random() < 0.05, 20, 0.0001, "/r")
+        assert one.on_sample(Sample(*fields), now) == two.on_result(*fields, now)
+        assert _gradient_state(one) == _gradient_state(two)

@@ -37,6 +37,7 @@ Contract (checked for every algorithm by ``tests/core/test_limits.py``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -99,6 +100,27 @@ class LimitAlgorithm(Protocol):
     def snapshot(self) -> dict[str, object]:
         """Algorithm state as JSON-safe values (for ``/snapshot``)."""
         ...
+
+
+#: ``on_result(start, rtt_s, inflight_at_start, dropped, limit_at_start, lag_s, route, now)``:
+#: ``on_sample(Sample(start, ...), now)`` without building the ``Sample``.
+ResultFeed = Callable[[float, float, int, bool, int, float, str, float], int]
+
+
+def result_feed(algorithm: object) -> ResultFeed | None:
+    """The algorithm's ``on_result`` when its ``on_sample`` only unpacks the sample into it.
+
+    The limiter feeds each release to it directly, saving the ``Sample`` (a frozen
+    dataclass: the costliest object of a release). An algorithm says so with a class
+    attribute ``_unpacks_into_on_result = on_sample``; a subclass that overrides
+    ``on_sample`` breaks the identity and is fed ``Sample`` objects again.
+    """
+    cls = type(algorithm)
+    unpacks = getattr(cls, "_unpacks_into_on_result", None)
+    if unpacks is None or getattr(cls, "on_sample", None) is not unpacks:
+        return None
+    feed: ResultFeed = algorithm.on_result  # type: ignore[attr-defined]
+    return feed
 
 
 def check_bounds(initial_limit: float, min_limit: int, max_limit: int, *, prefix: str = "") -> None:

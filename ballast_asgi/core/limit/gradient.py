@@ -64,6 +64,7 @@ from ballast_asgi.core.limit.base import (
     DEFAULT_MAX_LIMIT,
     DEFAULT_MIN_LIMIT,
     DEFAULT_WINDOW_MS,
+    MIN_RTT_S,
     Sample,
     check_bounds,
     clamp,
@@ -231,36 +232,58 @@ class GradientLimit:
 
     def on_sample(self, sample: Sample, now: float) -> int:
         """Take one sample; close the window or finish a probe when due."""
+        return self.on_result(
+            sample.start, sample.rtt_s, sample.inflight_at_start, sample.dropped,
+            sample.limit_at_start, sample.lag_s, sample.route, now,
+        )  # fmt: skip
+
+    #: ``on_sample`` only unpacks its ``Sample`` into ``on_result`` (``base.result_feed``).
+    _unpacks_into_on_result = on_sample
+
+    def on_result(
+        self,
+        start: float,
+        rtt_s: float,
+        inflight_at_start: int,
+        dropped: bool,
+        limit_at_start: int,
+        lag_s: float,
+        route: str,
+        now: float,
+    ) -> int:
+        """``on_sample`` with the sample's fields as arguments (no ``Sample`` is built).
+
+        The hot path of every release (``Limiter``): the rules read the sample's
+        start, its RTT (in units of its route's floor, ADR 0016) and the backend
+        RTT (without the loop lag, floored at ``MIN_RTT_S``), computed once here.
+        """
         if self._window_start is None:
             self._reset_window(now)
-        if self.routes is not None:
-            sample = self._relative(sample)
-        if sample.dropped:
-            self._on_drop(sample, now)
+        rtt = rtt_s - lag_s
+        backend = rtt if rtt > MIN_RTT_S else MIN_RTT_S
+        routes = self.routes
+        if routes is not None:  # the RTT in units of the route's floor (ADR 0016)
+            key = self._route_key = routes.key(route)
+            rtt_s = routes.relative(key, backend, not dropped)
+            backend = rtt_s if rtt_s > MIN_RTT_S else MIN_RTT_S
+        if dropped:
+            self._on_drop(backend, now)
         elif self._probe_start is not None:
-            self._probe_sample(sample)
+            self._probe_sample(start, inflight_at_start, backend, rtt_s)
         else:
-            self._window_sample(sample)
+            self._window_sample(start, inflight_at_start, limit_at_start, backend, rtt_s)
         if self._probe_start is not None:
             self._maybe_end_probe(now)
         elif self._window_due(now):
             self._close_window(now)
-        return self.limit
+        if self._probe_start is not None:  # ``limit``, without the property call
+            return min(self.probe_limit, int(self._saved_limit))
+        return int(self._limit)
 
-    def _relative(self, sample: Sample) -> Sample:
-        """``sample`` with its RTT in units of its route's floor (ADR 0016)."""
-        routes = self.routes
-        assert routes is not None
-        key = self._route_key = routes.key(sample.route)
-        rtt = sample.backend_rtt_s
-        rel = routes.relative(key, rtt, not sample.dropped)
-        return Sample(sample.start, rel, sample.inflight_at_start, sample.dropped,
-                      sample.limit_at_start, 0.0, key)  # fmt: skip
-
-    def _keep_route_rtt(self, sample: Sample) -> None:
+    def _keep_route_rtt(self, rel_rtt: float) -> None:
         routes = self.routes
         if routes is not None:
-            routes.record(self._route_key, sample.rtt_s * routes.floors[self._route_key])
+            routes.record(self._route_key, rel_rtt * routes.floors[self._route_key])
 
     def snapshot(self) -> dict[str, object]:
         """State for ``/snapshot``."""
@@ -288,40 +311,48 @@ class GradientLimit:
         self._fresh = 0
         self._fresh_slow = 0
 
-    def _window_sample(self, sample: Sample) -> None:
-        if sample.start < self._probe_ended_at:
+    def _window_sample(
+        self, start: float, held: int, limit_at_start: int, backend: float, rtt: float
+    ) -> None:
+        """One success into the window (``backend``: its backend RTT; ``rtt``: unfloored)."""
+        if start < self._probe_ended_at:
             return  # started under the probe's limit: says nothing about the restored one
-        if len(self._window_rtts) < _MAX_WINDOW_SAMPLES:
-            self._window_rtts.append(sample.backend_rtt_s)
-            self._keep_route_rtt(sample)
-        start, noload = self._window_start, self._rtt_noload_s
+        rtts = self._window_rtts
+        if len(rtts) < _MAX_WINDOW_SAMPLES:
+            rtts.append(backend)
+            if self.routes is not None:
+                self._keep_route_rtt(rtt)
+        window_start, noload = self._window_start, self._rtt_noload_s
         known = self._probed or self.routes is not None  # routes: a provisional floor at once
-        if known and start is not None and noload is not None and sample.start >= start:
+        if known and window_start is not None and noload is not None and start >= window_start:
             self._fresh += 1
-            if sample.backend_rtt_s > self.fast_close_ratio * noload:
+            if backend > self.fast_close_ratio * noload:
                 self._fresh_slow += 1
-        self._window_peak = max(self._window_peak, sample.inflight_at_start)
-        if self._at_limit(sample):
+        if held > self._window_peak:
+            self._window_peak = held
+        # At the limit of its time (``Sample.started_at_limit``) and of today's (contract 3).
+        limit = self._limit
+        now_limit = int(limit)
+        if limit_at_start:
+            then = now_limit if now_limit < limit_at_start else limit_at_start
+        else:
+            then = now_limit
+        if held >= self.binding_ratio * then and 2 * held >= limit:
             self._window_binding += 1
-            self._slow_start(sample)
+            self._slow_start(backend)
 
-    def _at_limit(self, sample: Sample) -> bool:
-        """Started at the limit of its time, and at least half of today's (contract 3)."""
-        held = sample.inflight_at_start
-        return sample.started_at_limit(self._limit, self.binding_ratio) and 2 * held >= self._limit
-
-    def _slow_start(self, sample: Sample) -> None:
+    def _slow_start(self, backend: float) -> None:
         """Grow at once on a success at the limit that did not queue (x1.5 per RTT at most)."""
         noload = self._rtt_noload_s
         if not self._probed or noload is None or self._window_dropped:
             return
-        if sample.backend_rtt_s <= self.slow_start_tolerance * noload:
+        if backend <= self.slow_start_tolerance * noload:
             self._limit = min(self._limit + self.slow_start_step, float(self.max_limit))
             self._slow_started += self.slow_start_step
 
-    def _on_drop(self, sample: Sample, now: float) -> None:
+    def _on_drop(self, backend: float, now: float) -> None:
         noload = self._rtt_noload_s
-        if noload is not None and sample.backend_rtt_s < noload:
+        if noload is not None and backend < noload:
             return  # failed sooner than any answer could come: its deadline, not the backend
         self._window_dropped = True
         if now - self._last_backoff_at < self.window_s:
@@ -415,11 +446,11 @@ class GradientLimit:
         self._stuck = 0
         self._probe_restore = pre_stuck_limit
 
-    def _probe_sample(self, sample: Sample) -> None:
-        start = self._probe_start
-        if start is not None and sample.start >= start and sample.inflight_at_start <= self.limit:
-            self._probe_rtts.append(sample.backend_rtt_s)
-            self._keep_route_rtt(sample)
+    def _probe_sample(self, start: float, held: int, backend: float, rtt: float) -> None:
+        probe_start = self._probe_start
+        if probe_start is not None and start >= probe_start and held <= self.limit:
+            self._probe_rtts.append(backend)
+            self._keep_route_rtt(rtt)
 
     def _maybe_end_probe(self, now: float) -> None:
         start = self._probe_start

@@ -86,8 +86,10 @@ class RouteFloors:
 
     def record(self, key: str, rtt_s: float) -> None:
         """Keep a success's raw RTT for its route's next window (or probe) median."""
-        values = self._pending.setdefault(key, [])
-        if len(values) < _MAX_ROUTE_SAMPLES:
+        values = self._pending.get(key)
+        if values is None:
+            self._pending[key] = [rtt_s]
+        elif len(values) < _MAX_ROUTE_SAMPLES:
             values.append(rtt_s)
 
     def close_window(self, binding: bool, now: float) -> None:

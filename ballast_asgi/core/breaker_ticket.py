@@ -45,7 +45,9 @@ class Ticket:
         ``client``: the caller's address; ``shared``: a failure that does not
         depend on the request (connect error), counted whoever sent it.
         """
-        self._settle()
+        if self._settled:  # ``_settle``, inlined: every request settles one ticket
+            raise RuntimeError("breaker ticket settled twice")
+        self._settled = True
         self._breaker._on_result(self, success, now, client, shared)
 
     def cancel(self) -> None:

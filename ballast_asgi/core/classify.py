@@ -107,6 +107,8 @@ class Classifier:
         default: Priority | None = None,
     ) -> tuple[Priority, bool]:
         """``classify`` from the head admission read once (``read_head`` with ``key_header``)."""
+        if head.priority is None and head.consumer_key is None and not self._rules:
+            return (self.default if default is None else default), False  # ``_match_rules``
         raw = None if head.priority is None else [head.priority, *head.more_priorities]
         return self._decide(method, path, raw, head.consumer_key, client_host, default)
 

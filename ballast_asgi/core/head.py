@@ -68,6 +68,19 @@ _DEADLINE = b"x-deadline-ms"
 _HOST = b"host"
 _CONNECTION = b"connection"
 _UPGRADE = b"upgrade"
+#: The headers ``read_head`` acts on, by (lower-case) name: one dict lookup per header.
+_K_LENGTH, _K_CODING, _K_HOST, _K_DEADLINE, _K_PRIORITY, _K_IDEMPOTENCY = range(6)
+_K_CONNECTION, _K_UPGRADE = 6, 7
+_KINDS = {
+    _CONTENT_LENGTH: _K_LENGTH,
+    _TRANSFER_ENCODING: _K_CODING,
+    _HOST: _K_HOST,
+    _DEADLINE: _K_DEADLINE,
+    _PRIORITY: _K_PRIORITY,
+    _IDEMPOTENCY_KEY: _K_IDEMPOTENCY,
+    _CONNECTION: _K_CONNECTION,
+    _UPGRADE: _K_UPGRADE,
+}
 #: A Content-Length with more digits than this is beyond any body limit (and int()'s).
 _MAX_LENGTH_DIGITS = 18
 
@@ -140,45 +153,54 @@ def read_head(
         raise HeaderError("method", "CONNECT is not proxied", 405)
     count = size = hosts = 0
     length: bytes | None = None
-    codings: list[bytes] = []
+    codings: list[bytes] | None = None
     idempotent = upgrade_asked = upgrade_named = False
     deadline: bytes | None = None
     priority: bytes | None = None
     host: bytes | None = None
     key: bytes | None = None
     more: list[bytes] | None = None
+    kinds = _KINDS
     for name, value in headers:
         count += 1
         size += len(name) + len(value)
-        if name == key_header and key is None:
+        if key_header is not None and name == key_header and key is None:
             key = value
-        if name == _CONTENT_LENGTH:
+        kind = kinds.get(name)  # one lookup: most headers are none of these
+        if kind is None:
+            continue
+        if kind == _K_LENGTH:
             length = _same(length, value, "Content-Length")
-        elif name == _TRANSFER_ENCODING:
-            codings.append(value)
-        elif name == _HOST:
+        elif kind == _K_CODING:
+            if codings is None:
+                codings = [value]
+            else:
+                codings.append(value)
+        elif kind == _K_HOST:
             hosts += 1
             host = value
-        elif name == _DEADLINE:
+        elif kind == _K_DEADLINE:
             deadline = _same(deadline, value, "X-Deadline-Ms")
-        elif name == _PRIORITY:
+        elif kind == _K_PRIORITY:
             if priority is None:
                 priority = value
             elif more is None:
                 more = [value]
             else:
                 more.append(value)
-        elif name == _IDEMPOTENCY_KEY:
+        elif kind == _K_IDEMPOTENCY:
             idempotent = True
-        elif name == _CONNECTION:
+        elif kind == _K_CONNECTION:
             upgrade_named = upgrade_named or _names_upgrade(value)
-        elif name == _UPGRADE:
+        else:
             upgrade_asked = True
-    _check_size(count, size, limits)
+    max_headers, max_bytes = limits.max_headers, limits.max_header_bytes
+    if (max_headers and count > max_headers) or (max_bytes and size > max_bytes):
+        _check_size(count, size, limits)
     if hosts > 1:
         raise HeaderError("Host", "appears more than once")
-    chunked = _chunked(codings, length)
-    size_ = _length(length, limits)
+    chunked = False if codings is None else _chunked(codings, length)
+    size_ = None if length is None else _length(length, limits)
     upgrade = upgrade_asked and upgrade_named
     if upgrade and (chunked or size_):
         raise HeaderError("Upgrade", "is refused on a request with a body")

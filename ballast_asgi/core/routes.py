@@ -151,7 +151,9 @@ class RouteRule:
 
 def _segment(path: str) -> str:
     """The first path segment (``""`` for ``/`` and ``//x``)."""
-    return path[1:].split("/", 1)[0] if path.startswith("/") else path.split("/", 1)[0]
+    if path[:1] == "/":  # ``path[1:].split("/", 1)[0]`` without the copy of the path
+        return path.split("/", 2)[1]
+    return path.split("/", 1)[0]
 
 
 def first_segment_group(path: str) -> str | None:
@@ -210,7 +212,8 @@ class RouteTable:
         """The route of one request (counted in ``counts``)."""
         route = self._find(method, path, template)
         name = route.name
-        self.counts[name] = self.counts.get(name, 0) + 1
+        counts = self.counts
+        counts[name] = counts.get(name, 0) + 1
         return route
 
     def find(self, method: str, path: str, template: str | None = None) -> Route:
@@ -220,9 +223,16 @@ class RouteTable:
 
     def count(self, route: Route) -> None:
         """Count one request of ``route`` (what ``match`` does)."""
-        self.counts[route.name] = self.counts.get(route.name, 0) + 1
+        name = route.name
+        counts = self.counts
+        counts[name] = counts.get(name, 0) + 1
 
     def _find(self, method: str, path: str, template: str | None) -> Route:
+        if not self._rules and template is None and self.auto:  # automatic groups only
+            found = self._by_segment.get(_segment(path))  # ``_group``, inlined
+            if found is not None:
+                return found
+            return self.other if self.learn_groups else self._add_group(path)
         if self._rules:
             upper = method.upper()
             for rule in self._rules:

@@ -47,7 +47,7 @@ the way (RFC 9112 section 6, and what nginx refuses):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -130,6 +130,8 @@ class RequestHead(NamedTuple):
 
 
 NO_HEAD = RequestHead()
+#: Builds a ``RequestHead`` from all its fields in order (what its ``__new__`` does, in C).
+_new_head: Callable[[type[RequestHead], tuple[object, ...]], RequestHead] = tuple.__new__
 
 
 def check_target(raw_path: bytes | str | None, path: str = "/") -> None:
@@ -205,7 +207,8 @@ def read_head(
     if upgrade and (chunked or size_):
         raise HeaderError("Upgrade", "is refused on a request with a body")
     extra = () if more is None else tuple(more)
-    return RequestHead(size_, chunked, idempotent, priority, deadline, upgrade, host, extra, key)
+    fields = (size_, chunked, idempotent, priority, deadline, upgrade, host, extra, key)
+    return _new_head(RequestHead, fields)  # ``RequestHead(*fields)`` without its Python __new__
 
 
 def _names_upgrade(value: bytes) -> bool:

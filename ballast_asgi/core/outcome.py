@@ -18,6 +18,10 @@ from collections.abc import Mapping
 class Outcome(enum.Enum):
     """What a released permit tells the limit algorithm."""
 
+    #: Members are singletons compared by identity: hash them by identity too, in C
+    #: (``Enum.__hash__`` is a Python call, ~0.2 us per dict or set lookup on 3.11).
+    __hash__ = object.__hash__
+
     #: The upstream answered in time; the round trip is an RTT sample.
     SUCCESS = "success"
     #: Timeout, 5xx, deadline miss: a congestion signal, not an RTT sample.
@@ -61,6 +65,10 @@ def shed_statuses(
 class AttemptOutcome(enum.Enum):
     """How one attempt at the upstream (or the app's handler) ended."""
 
+    #: Members are singletons compared by identity: hash them by identity too, in C
+    #: (``Enum.__hash__`` is a Python call, ~0.2 us per dict or set lookup on 3.11).
+    __hash__ = object.__hash__
+
     #: A response head arrived with a status that is not a failure.
     SUCCESS = "success"
     #: The upstream answered with a failure status (5xx by default).
@@ -81,6 +89,10 @@ class AttemptOutcome(enum.Enum):
 
 class Verdict(enum.Enum):
     """What an attempt tells the circuit breaker."""
+
+    #: Members are singletons compared by identity: hash them by identity too, in C
+    #: (``Enum.__hash__`` is a Python call, ~0.2 us per dict or set lookup on 3.11).
+    __hash__ = object.__hash__
 
     SUCCESS = "success"
     FAILURE = "failure"

@@ -219,6 +219,10 @@ class RouteTable:
     def find(self, method: str, path: str, template: str | None = None) -> Route:
         """The route ``match`` would return, not counted (the shed at the wire counts it
         with ``count`` only when it answers the request itself)."""
+        if not self._rules and template is None and self.auto:  # ``_find``'s common case
+            found = self._by_segment.get(_segment(path))
+            if found is not None:
+                return found
         return self._find(method, path, template)
 
     def count(self, route: Route) -> None:

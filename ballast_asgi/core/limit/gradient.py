@@ -274,8 +274,12 @@ class GradientLimit:
             self._window_sample(start, inflight_at_start, limit_at_start, backend, rtt_s)
         if self._probe_start is not None:
             self._maybe_end_probe(now)
-        elif self._window_due(now):
-            self._close_window(now)
+        else:  # ``_window_due`` is False unless fast-close may apply or the window has run
+            window_start: float = self._window_start  # type: ignore[assignment]  # set above
+            if (
+                self._fresh >= self.fast_close_samples or not now - window_start < self.window_s
+            ) and self._window_due(now):
+                self._close_window(now)
         if self._probe_start is not None:  # ``limit``, without the property call
             return min(self.probe_limit, int(self._saved_limit))
         return int(self._limit)
@@ -320,8 +324,9 @@ class GradientLimit:
         rtts = self._window_rtts
         if len(rtts) < _MAX_WINDOW_SAMPLES:
             rtts.append(backend)
-            if self.routes is not None:
-                self._keep_route_rtt(rtt)
+            routes = self.routes
+            if routes is not None:  # ``_keep_route_rtt``
+                routes.record(self._route_key, rtt * routes.floors[self._route_key])
         window_start, noload = self._window_start, self._rtt_noload_s
         known = self._probed or self.routes is not None  # routes: a provisional floor at once
         if known and window_start is not None and noload is not None and start >= window_start:

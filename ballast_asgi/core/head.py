@@ -172,7 +172,7 @@ def read_head(
         if kind is None:
             continue
         if kind == _K_LENGTH:
-            length = _same(length, value, "Content-Length")
+            length = value if length is None else _same(length, value, "Content-Length")
         elif kind == _K_CODING:
             if codings is None:
                 codings = [value]
@@ -182,7 +182,7 @@ def read_head(
             hosts += 1
             host = value
         elif kind == _K_DEADLINE:
-            deadline = _same(deadline, value, "X-Deadline-Ms")
+            deadline = value if deadline is None else _same(deadline, value, "X-Deadline-Ms")
         elif kind == _K_PRIORITY:
             if priority is None:
                 priority = value

@@ -216,3 +216,27 @@ def test_reconfigure_applies_to_later_pushes_only() -> None:
     q.reconfigure(max_size=2, lifo_threshold=16, per_priority=False, reserved_fraction=0.5)
     assert q.total == 3
     assert not q.push(w(S, 9)).accepted
+
+
+def test_partitioned_dispatch_with_one_route_waiting_serves_in_queue_order() -> None:
+    """One route waiting: its route's free permits go to the waiters in pop_best's order."""
+    lim = Limiter(FixedLimit(100), partition=lambda quiet: FixedLimit(3))
+    queued, expected = PriorityQueue(max_size=50, lifo_threshold=2), PriorityQueue(max_size=50)
+    expected.reconfigure(max_size=50, lifo_threshold=2, per_priority=True, reserved_fraction=0.5)
+    slots = [Slot() for _ in range(6)]
+    for i, slot in enumerate(slots):
+        tier = C if i == 4 else S
+        queued.push(Waiter(tier, float(i), handle=slot, route="/a"))
+        expected.push(Waiter(tier, float(i), handle=slot, route="/a"))
+    order = [waiter.handle for waiter in iter(expected.pop_best, None)][:3]
+    served: list[Slot] = []
+
+    def record(waiter: Waiter, permit: Permit) -> bool:
+        served.append(waiter.handle)
+        return deliver(waiter, permit)
+
+    assert dispatch(queued, lim, 10.0, record) == 3
+    assert served == order and order[0] is slots[4]
+    assert queued.total == 3 and lim.inflight == 3
+    assert all(slot.permit is not None and slot.permit.route == "/a" for slot in served)
+    release_all(slots, 11.0)

@@ -176,7 +176,7 @@ class Limiter(RoutePartitioning):
             return True
         own = self.own_routes
         part = self._parts.get(route if own is None or route in own else SHARED)
-        if part is not None and (part.inflight or now - part.used < self.partition_idle_s):
+        if part is not None and (part.inflight or not now - part.used >= self.partition_idle_s):
             return part.inflight >= part.algorithm.limit
         return self._part_full(now, route)  # none yet, or stale: ``_part`` would make one
 

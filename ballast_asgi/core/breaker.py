@@ -69,9 +69,7 @@ class BreakerState(enum.StrEnum):
 
 
 #: The states read once (an attribute of an ``Enum`` class costs ~0.1 us a read).
-_CLOSED = BreakerState.CLOSED
-_OPEN = BreakerState.OPEN
-_HALF_OPEN = BreakerState.HALF_OPEN
+_CLOSED, _OPEN, _HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 #: Called on every transition with (old state, new state, when).
 TransitionListener = Callable[[BreakerState, BreakerState, float], None]
@@ -168,14 +166,10 @@ class Breaker:
     def acquire(self, now: float, client: str | None = None) -> Ticket | None:
         """A ticket for one call, or None: shed (open, the probe is out, or this
         client's own probe failed in this half-open period)."""
-        state = self._state
-        if state is _CLOSED:  # ``_advance`` has nothing to do while closed
-            if self._since is None:
-                self._since = now
+        if self._state is _CLOSED:  # ``_advance`` has nothing to do while closed
+            self._since = now if self._since is None else self._since
             return Ticket(self, self._generation, False)
-        self._advance(now)
-        if self._state is _CLOSED:
-            return Ticket(self, self._generation, False)
+        self._advance(now)  # opens or half-opens, never closes
         if self._may_probe(client):
             probe = Ticket(self, self._generation, probe=True, client=client)
             self._probe = probe
@@ -186,11 +180,10 @@ class Breaker:
     def can_acquire(self, now: float, client: str | None = None) -> bool:
         """Whether ``acquire(now, client)`` would give a ticket (takes nothing)."""
         if self._state is _CLOSED:  # ``_advance`` has nothing to do while closed
-            if self._since is None:
-                self._since = now
+            self._since = now if self._since is None else self._since
             return True
-        self._advance(now)
-        return self._state is _CLOSED or self._may_probe(client)
+        self._advance(now)  # opens or half-opens, never closes
+        return self._may_probe(client)
 
     def _may_probe(self, client: str | None) -> bool:
         if self._state is not _HALF_OPEN or self._probe is not None:
@@ -289,8 +282,7 @@ class Breaker:
         if not self.enabled:
             return
         if self._state is _CLOSED:  # ``_advance`` has nothing to do while closed
-            if self._since is None:
-                self._since = now
+            self._since = now if self._since is None else self._since
         else:
             self._advance(now)
         if ticket.generation != self._generation:

@@ -37,6 +37,11 @@ the algorithm has one whose ``on_sample`` only unpacks the ``Sample``
 (``limit.base.result_feed``: the gradient), else as a ``Sample`` to ``on_sample``.
 ``live_limiters()`` lists limiters alive in the process so a test
 fixture can assert that none is left with permits in flight.
+
+Longer than 320 lines because a request's acquire and its release are one
+frame each (issue 31): the partition lookup, the windows' update, the sample
+and the on-release callback are written out where helpers would cost a call
+per request; the partition table itself is ``limiter_partitions.py``.
 """
 
 from __future__ import annotations

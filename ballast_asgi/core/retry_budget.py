@@ -47,7 +47,6 @@ DEFAULT_BUDGET_RATIO = 0.1
 DEFAULT_WINDOW_MS = 10_000
 DEFAULT_MIN_RETRIES_PER_S = 1.0
 _NEVER = -(2**62)
-_floor = math.floor
 
 
 class WindowCounts:
@@ -79,15 +78,10 @@ class WindowCounts:
 
     def add(self, now: float, kind: int, n: int = 1) -> None:
         """Count ``n`` events of ``kind`` at ``now``."""
-        epoch = _floor(now * self._per_s)  # ``_epoch``, inlined: every request adds
-        if epoch > self._latest:
-            self._latest = epoch
-        else:
-            epoch = self._latest
+        epoch = self._epoch(now)
         slot = epoch % self._n
-        epochs = self._epochs
-        if epochs[slot] != epoch:
-            epochs[slot] = epoch
+        if self._epochs[slot] != epoch:
+            self._epochs[slot] = epoch
             for values in self._values:
                 values[slot] = 0
         self._values[kind][slot] += n

@@ -14,7 +14,8 @@ flat, so the allowance stays flat: retry load is bounded exactly when it would
 otherwise compound. ``balance(now) = max(0, allowance - retries_in_window)``.
 
 The window is kept in ``buckets`` (default 10) ring slots of ``window_s /
-buckets`` seconds each, so memory is bounded and every call is O(buckets).
+buckets`` seconds each, so memory is bounded: counting an original (once per
+proxied request) is O(1) within a bucket, a retry's check O(buckets).
 "In the window" means "in the current bucket or the ``buckets - 1`` before
 it": a span of between ``window_s - bucket_s`` and ``window_s`` seconds.
 Hence the exact guarantee, checked by the property tests: whenever a retry is
@@ -52,11 +53,16 @@ _NEVER = -(2**62)
 class WindowCounts:
     """Counts of a few event kinds over a trailing time window, in ring buckets.
 
-    ``add(now, kind)`` and ``total(now, kind)`` are O(buckets). Time never runs
-    backwards here: an older ``now`` is treated as the newest time seen.
+    ``add(now, kind)`` is O(1) while ``now`` falls in the newest bucket already
+    started (almost every call: a bucket is ``window_s / buckets`` long) and
+    O(kinds) when it starts one; ``total(now, kind)`` is O(buckets). Time never
+    runs backwards here: an older ``now`` is treated as the newest time seen.
     """
 
-    __slots__ = ("_epochs", "_latest", "_n", "_per_s", "_values", "bucket_s", "window_s")
+    __slots__ = (
+        "_epochs", "_hot", "_hot_slot", "_latest", "_n", "_per_s", "_values", "bucket_s",
+        "window_s",
+    )  # fmt: skip
 
     def __init__(self, window_s: float, *, buckets: int = DEFAULT_BUCKETS, kinds: int = 2) -> None:
         if not window_s > 0:
@@ -68,22 +74,34 @@ class WindowCounts:
         self._per_s = buckets / window_s
         self._n = buckets
         self._latest = _NEVER
+        #: ``_latest + 1`` once the newest bucket's slot is started (reset), else ``_NEVER``:
+        #: ``now * _per_s < _hot`` means ``now`` counts in slot ``_hot_slot``.
+        self._hot = _NEVER
+        self._hot_slot = 0
         self._epochs = [_NEVER] * buckets
         self._values = [[0] * buckets for _ in range(kinds)]
 
     def _epoch(self, now: float) -> int:
-        epoch = max(self._latest, math.floor(now * self._per_s))
-        self._latest = epoch
-        return epoch
+        epoch = math.floor(now * self._per_s)
+        if epoch > self._latest:
+            self._latest = epoch
+            self._hot = _NEVER  # a newer bucket: its slot is not started yet
+            return epoch
+        return self._latest
 
     def add(self, now: float, kind: int, n: int = 1) -> None:
         """Count ``n`` events of ``kind`` at ``now``."""
+        if now * self._per_s < self._hot:  # in the newest bucket, already started
+            self._values[kind][self._hot_slot] += n
+            return
         epoch = self._epoch(now)
         slot = epoch % self._n
         if self._epochs[slot] != epoch:
             self._epochs[slot] = epoch
             for values in self._values:
                 values[slot] = 0
+        self._hot = epoch + 1
+        self._hot_slot = slot
         self._values[kind][slot] += n
 
     def total(self, now: float, kind: int) -> int:
@@ -96,6 +114,7 @@ class WindowCounts:
     def clear(self) -> None:
         """Forget every event."""
         self._epochs = [_NEVER] * self._n
+        self._hot = _NEVER
         for values in self._values:
             values[:] = [0] * self._n
 
@@ -142,8 +161,12 @@ class RetryBudget:
 
     def record_original(self, now: float) -> None:
         """Count one original (first-attempt) request."""
-        self._window.add(now, _ORIGINAL)
         self._originals_total += 1
+        window = self._window
+        if now * window._per_s < window._hot:  # ``add``'s shortcut, inlined (once per request)
+            window._values[_ORIGINAL][window._hot_slot] += 1
+        else:
+            window.add(now, _ORIGINAL)
 
     def allowance(self, now: float) -> float:
         """Retries the window allows in total: ratio * originals + floor."""

@@ -78,7 +78,7 @@ class HeldResponse:
     ``on_bytes(n)`` is told of bytes held (positive) and given back (negative).
     """
 
-    __slots__ = ("_held", "_limit", "_on_bytes", "_send", "committed", "size", "status")
+    __slots__ = ("_held", "_limit", "_on_bytes", "_send", "committed", "size")
 
     def __init__(
         self,
@@ -93,7 +93,6 @@ class HeldResponse:
         self._on_bytes = on_bytes
         self._held: list[Message] = []
         self.size = 0
-        self.status: int | None = None
         self.committed = not hold
 
     def send(self, message: Message) -> Awaitable[None]:

@@ -40,6 +40,9 @@ Dry-run admitted requests (``ctx.would_shed``) get one attempt.
 Per route: a request whose route sets retry overrides (``routes[].retry``,
 resolved once into ``ctx.route.retry``) is retried by those settings
 (attempts, statuses, backoff, buffer); the budget is the gateway's, shared.
+
+Each attempt's ``send`` (the head decision, holding) is an ``Attempt``
+(``middleware/retry_attempt.py``): a first success passes straight through.
 """
 
 from __future__ import annotations
@@ -48,16 +51,17 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from ballast_asgi.config import RetryConfig
 from ballast_asgi.core.capacity import ByteBudget
-from ballast_asgi.core.outcome import AttemptOutcome, is_retryable
+from ballast_asgi.core.outcome import RETRYABLE, AttemptOutcome
 from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.routes import Route
-from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.middleware._asgi import HeldResponse, body_message, replay
+from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
+from ballast_asgi.middleware._asgi import body_message, replay
+from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.retry_attempt import Attempt, RetryPolicy
 from ballast_asgi.telemetry.metrics import Metrics
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
@@ -69,28 +73,6 @@ AttemptGate = Callable[[RequestContext, float], bool]
 
 def _always(ctx: RequestContext, now: float) -> bool:
     return True
-
-
-@dataclass(frozen=True, slots=True)
-class _Policy:
-    """One retry section, precomputed."""
-
-    max_attempts: int
-    retry_statuses: frozenset[int]
-    hold_bytes: int
-    backoff_base_s: float
-    backoff_max_s: float
-
-    @classmethod
-    def of(cls, cfg: RetryConfig) -> _Policy:
-        enabled = cfg.enabled and cfg.buffer_responses
-        return cls(
-            max_attempts=cfg.max_attempts if enabled else 1,
-            retry_statuses=frozenset(cfg.retry_statuses),
-            hold_bytes=cfg.max_buffer_bytes,
-            backoff_base_s=cfg.backoff_base_ms / 1000.0,
-            backoff_max_s=cfg.backoff_max_ms / 1000.0,
-        )
 
 
 class RetryStage:
@@ -115,8 +97,8 @@ class RetryStage:
         self._budget = budget
         self._metrics = metrics
         self._gate = gate
-        self._default = _Policy.of(cfg)
-        self._by_route: dict[str, _Policy] = {}
+        self._default = RetryPolicy.of(cfg)
+        self._by_route: dict[str, RetryPolicy] = {}
         self._bytes = byte_budget
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
@@ -126,12 +108,18 @@ class RetryStage:
 
     def begin(self, scope: Scope, ctx: RequestContext) -> bool:
         """Whether the request may get several attempts (then counted as an original)."""
-        if not self._replayable(scope, ctx):
-            return False
+        route = ctx.route
+        policy = self._default if route is None or route.retry is None else self.route_policy(route)
+        if policy.max_attempts <= 1 or ctx.would_shed:
+            return False  # one attempt: retries off, or dry-run admitted
+        if ctx.body is None:
+            head = ctx.head  # ``head.has_body``, inlined: a body that was not buffered
+            if head.chunked or head.content_length:
+                return False
         self._budget.record_original(self._clock())
         return True
 
-    def policy(self, ctx: RequestContext) -> _Policy:
+    def policy(self, ctx: RequestContext) -> RetryPolicy:
         """The retry settings of the request's route (the gateway's unless it overrides them)."""
         return self.route_policy(ctx.route)
 
@@ -140,47 +128,52 @@ class RetryStage:
         is not dry-run and has no body to buffer)."""
         return self.route_policy(route).max_attempts > 1
 
-    def route_policy(self, route: Route | None) -> _Policy:
+    def route_policy(self, route: Route | None) -> RetryPolicy:
         """The retry settings of ``route`` (the gateway's unless it overrides them)."""
         if route is None or route.retry is None:
             return self._default
         found = self._by_route.get(route.name)
         if found is None:
-            found = self._by_route[route.name] = _Policy.of(route.retry)
+            found = self._by_route[route.name] = RetryPolicy.of(route.retry)
         return found
-
-    def _replayable(self, scope: Scope, ctx: RequestContext) -> bool:
-        if self.policy(ctx).max_attempts <= 1 or ctx.would_shed:
-            return False
-        return not (ctx.head.has_body and ctx.body is None)
 
     async def attempts(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext
     ) -> None:
-        """Run ``app`` once per attempt until one is kept (after ``begin``)."""
+        """Run ``app`` once per attempt until one is kept (after ``begin``; ``ctx`` is the
+        scope's). A ``BreakerMiddleware`` is run through its stage, as its ``__call__``
+        does for a request not admitted by dry-run: one coroutine less per attempt."""
         inner = receive  # the first attempt reads the request as it comes
-        idempotent = bool(scope["method"] in IDEMPOTENT_METHODS or ctx.head.idempotency_key)
+        route = ctx.route
+        policy = self._default if route is None or route.retry is None else self.route_policy(route)
+        idempotent = scope["method"] in IDEMPOTENT_METHODS or bool(ctx.head.idempotency_key)
+        breaker = app if type(app) is BreakerMiddleware else None
         while True:
-            attempt = _Attempt(self, ctx, send, idempotent)
+            attempt = Attempt(self, ctx, send, idempotent, policy)
             error: Exception | None = None
             try:
-                await app(scope, inner, attempt.send)
+                if breaker is not None and not ctx.would_shed:
+                    await breaker.stage.attempt(breaker.app, scope, inner, attempt.send, ctx)
+                else:
+                    await app(scope, inner, attempt.send)
             except Exception as exc:
                 if attempt.passed_on or not attempt.retry_after_raise():
                     raise
                 error = exc
-            if error is None and attempt.response.committed:
+            held = attempt.held  # ``attempt.kept``, inlined
+            if error is None and (held is None or held.committed):
                 return  # kept: passed on to the client (or nothing to pass on)
             if not await self._backoff(attempt):
                 if error is not None:
+                    attempt.drop()  # the held response (if any) goes with the error
                     raise error
-                await attempt.response.flush()
+                await attempt.flush()
                 return
-            attempt.response.drop_bytes()
+            attempt.drop()
             ctx.next_attempt()
             inner = replay([body_message(ctx.body or b"")], receive)
 
-    async def _backoff(self, attempt: _Attempt) -> bool:
+    async def _backoff(self, attempt: Attempt) -> bool:
         """Sleep before the next attempt; False when the breaker shut meanwhile."""
         if attempt.delay_s > 0:
             await self._sleep(attempt.delay_s)
@@ -188,12 +181,13 @@ class RetryStage:
 
     # -- the decision at the head ----------------------------------------------
     def plan(
-        self, ctx: RequestContext, status: int | None, idempotent: bool = True
+        self, ctx: RequestContext, status: int | None, idempotent: bool, policy: RetryPolicy
     ) -> float | None:
         """The backoff before another attempt, or None to keep this one."""
         outcome = ctx.outcome
-        policy = self.policy(ctx)
-        if outcome is None or not is_retryable(outcome) or ctx.attempt + 1 >= policy.max_attempts:
+        if outcome is None or outcome not in RETRYABLE:
+            return None
+        if ctx.attempt + 1 >= policy.max_attempts:
             return None
         if not idempotent and outcome is not AttemptOutcome.CONNECT_ERROR:
             return None
@@ -209,7 +203,7 @@ class RetryStage:
         self._metrics.count_retry("attempted")
         return delay_s
 
-    def _delay_s(self, ctx: RequestContext, now: float, policy: _Policy) -> float | None:
+    def _delay_s(self, ctx: RequestContext, now: float, policy: RetryPolicy) -> float | None:
         """Full-jitter backoff before the next attempt; None when the deadline is too near."""
         cap_s = min(policy.backoff_max_s, policy.backoff_base_s * 2.0**ctx.attempt)
         delay_s = self._rng.uniform(0.0, cap_s) if cap_s > 0 else 0.0
@@ -235,50 +229,6 @@ class RetryStage:
         """
         if ctx.attempt > 0 and ctx.outcome is AttemptOutcome.SUCCESS:
             self._metrics.count_retry("succeeded")
-
-
-class _Attempt:
-    """One attempt: commits or holds its response at the head."""
-
-    __slots__ = ("_stage", "ctx", "delay_s", "idempotent", "response")
-
-    def __init__(
-        self, stage: RetryStage, ctx: RequestContext, send: Send, idempotent: bool
-    ) -> None:
-        self._stage = stage
-        self.ctx = ctx
-        self.idempotent = idempotent
-        self.delay_s = 0.0
-        self.response = HeldResponse(
-            send, hold=False, limit_bytes=stage.policy(ctx).hold_bytes, on_bytes=stage.hold_bytes
-        )
-
-    @property
-    def passed_on(self) -> bool:
-        """A response head reached the client: nothing may replace this attempt."""
-        return self.response.status is not None and self.response.committed
-
-    def send(self, message: Message) -> Awaitable[None]:
-        """Decide at the head; every message goes on to the (holding or committed) response."""
-        if message["type"] == "http.response.start" and self.response.status is None:
-            status = int(message["status"])
-            self.response.status = status
-            self._stage.count_head(self.ctx)
-            delay_s = self._stage.plan(self.ctx, status, self.idempotent)
-            if delay_s is not None:
-                self.delay_s = delay_s
-                self.response.committed = False
-        return self.response.send(message)
-
-    def retry_after_raise(self) -> bool:
-        """An attempt raised: retry it if nothing was sent and its outcome allows."""
-        if self.response.status is not None:
-            return not self.response.committed  # already planned at its head
-        delay_s = self._stage.plan(self.ctx, None, self.idempotent)
-        if delay_s is None:
-            return False
-        self.delay_s = delay_s
-        return True
 
 
 class RetryMiddleware:

@@ -1,11 +1,14 @@
 """A/B of gateway versions in the closed-loop saturation case (one run, alternating).
 
     python -m experiments.bench.ab --variant base=/tmp/base-tree --variant new=. \\
-        [--variant new-alog=.:--access-log] [--seconds 4] [--reps 5] [--shed]
+        [--variant new-alog=.:--access-log] [--variant new-noretry=.@noretry.yaml] \
+        [--seconds 4] [--reps 5] [--shed]
 
-Each ``--variant NAME=TREE[:UVICORN_ARGS]`` is ``uvicorn ballast_asgi.gateway:app``
-imported from the checkout ``TREE`` (``--app-dir`` and ``PYTHONPATH``), with
-every default plus the space-separated extra arguments; the bare aiohttp
+Each ``--variant NAME=TREE[:UVICORN_ARGS][@CONFIG]`` is ``uvicorn
+ballast_asgi.gateway:app`` imported from the checkout ``TREE`` (``--app-dir``
+and ``PYTHONPATH``), with every default plus the space-separated extra
+arguments and, with ``@CONFIG``, that YAML file as ``BALLAST_CONFIG`` (e.g.
+``retry:\n  enabled: false`` to compare a stage on and off); the bare aiohttp
 pass-through runs next to them. All pinned to CPU 1, nginx (1 KB) and wrk
 (one thread, 16 connections) on CPU 0, configurations rotated each
 repetition. Prints medians (ranges) of requests/s and CPU us per request and
@@ -45,8 +48,23 @@ def shed_run(t: Target, seconds: float, rep: int) -> dict[str, Any]:
     return {"config": t.name, "rps": b.rps, "cpu_us": b.cpu_us}
 
 
-def start_variant(procs: Procs, name: str, tree: str, extra: list[str], upstream: str) -> Target:
-    """``uvicorn ballast_asgi.gateway:app`` imported from ``tree``, pinned to the proxy CPU."""
+def parse_variant(spec: str) -> tuple[str, str, list[str], str | None]:
+    """``NAME=TREE[:ARGS][@CONFIG]`` -> name, tree, uvicorn arguments, absolute config path."""
+    name, _, rest = spec.partition("=")
+    rest, at, config = rest.partition("@")
+    tree, _, args = rest.partition(":")
+    if not name or not tree or (at and not config):
+        raise ValueError(f"--variant must be NAME=TREE[:ARGS][@CONFIG], got {spec!r}")
+    if config and not Path(config).is_file():
+        raise ValueError(f"--variant {name}: no config file {config!r}")
+    return name, tree, args.split(), str(Path(config).resolve()) if config else None
+
+
+def start_variant(
+    procs: Procs, name: str, tree: str, extra: list[str], upstream: str, config: str | None = None
+) -> Target:
+    """``uvicorn ballast_asgi.gateway:app`` imported from ``tree``, pinned to the proxy CPU
+    (``config``: the YAML file it reads as ``BALLAST_CONFIG``)."""
     uvicorn = os.path.join(os.path.dirname(sys.executable), "uvicorn")
     root = str(Path(tree).resolve())
 
@@ -55,6 +73,8 @@ def start_variant(procs: Procs, name: str, tree: str, extra: list[str], upstream
                 "--app-dir", root, *extra]  # fmt: skip
 
     env = {"BALLAST_UPSTREAM": upstream, "PYTHONPATH": root}
+    if config is not None:
+        env["BALLAST_CONFIG"] = config
     proc, port, _ = start_on_free_ports(procs, cmd, CPU_PROXY, name, env)
     return Target(name, port, proc.pid)
 
@@ -62,21 +82,23 @@ def start_variant(procs: Procs, name: str, tree: str, extra: list[str], upstream
 def main(argv: list[str] | None = None) -> int:
     """Run the variants and the bare pass-through alternately; print the table."""
     p = argparse.ArgumentParser(prog="python -m experiments.bench.ab")
-    p.add_argument("--variant", action="append", required=True, help="NAME=TREE[:ARGS]")
+    p.add_argument("--variant", action="append", required=True, help="NAME=TREE[:ARGS][@CONFIG]")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--conns", type=int, default=16)
     p.add_argument("--shed", action="store_true", help="dead-on-arrival requests (sheds)")
     a = p.parse_args(argv)
+    try:
+        variants = [parse_variant(spec) for spec in a.variant]
+    except ValueError as exc:
+        p.error(str(exc))
     pin_self(CPU_LOAD)
     wrk = ensure_package("wrk", "wrk")
     with tempfile.TemporaryDirectory() as tmp, processes(Path(tmp)) as procs:
         backend, _ = start_backend(procs, CPU_LOAD)
         targets = [start_bare(procs, "aiohttp", backend.port, CPU_PROXY)]
-        for spec in a.variant:
-            name, _, rest = spec.partition("=")
-            tree, _, args = rest.partition(":")
-            targets.append(start_variant(procs, name, tree, args.split(), backend.base))
+        for name, tree, args, config in variants:
+            targets.append(start_variant(procs, name, tree, args, backend.base, config))
         for t in targets:
             shed_run(t, 1.0, -1) if a.shed else one(t, wrk, a.conns, 1.0, -1)  # warm-up
         runs: list[dict[str, Any]] = []

@@ -191,3 +191,64 @@ def test_balance_matches_what_can_be_taken(
     while budget.try_acquire_retry(now):
         taken += 1
     assert taken == expect
+
+
+class _ReferenceWindow:
+    """The ring as first written (every ``add`` recomputes its bucket): the model."""
+
+    def __init__(self, window_s: float, buckets: int, kinds: int) -> None:
+        self.per_s, self.n, self.latest = buckets / window_s, buckets, -(2**62)
+        self.epochs = [-(2**62)] * buckets
+        self.values = [[0] * buckets for _ in range(kinds)]
+
+    def epoch(self, now: float) -> int:
+        self.latest = max(self.latest, math.floor(now * self.per_s))
+        return self.latest
+
+    def add(self, now: float, kind: int) -> None:
+        epoch = self.epoch(now)
+        slot = epoch % self.n
+        if self.epochs[slot] != epoch:
+            self.epochs[slot] = epoch
+            for values in self.values:
+                values[slot] = 0
+        self.values[kind][slot] += 1
+
+    def total(self, now: float, kind: int) -> int:
+        oldest = self.epoch(now) - self.n + 1
+        return sum(v for v, e in zip(self.values[kind], self.epochs, strict=True) if e >= oldest)
+
+    def clear(self) -> None:
+        self.epochs = [-(2**62)] * self.n
+        self.values = [[0] * self.n for _ in self.values]
+
+
+_op = st.tuples(
+    st.sampled_from(["add", "add", "add", "total", "clear"]),
+    st.integers(min_value=-8, max_value=40),  # time in eighths of a bucket: may go back
+    st.integers(min_value=0, max_value=1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 3, 10]), st.lists(_op, max_size=150))
+def test_window_counts_match_the_reference_ring(
+    buckets: int, ops: list[tuple[str, int, int]]
+) -> None:
+    """``add``'s shortcut within the newest bucket counts exactly as recomputing each time,
+    whatever the order of adds, totals, clears and times that run backwards."""
+    window = WindowCounts(float(buckets), buckets=buckets, kinds=2)
+    model = _ReferenceWindow(float(buckets), buckets, 2)
+    for op, eighths, kind in ops:
+        now = 100.0 + eighths / 8
+        if op == "add":
+            window.add(now, kind)
+            model.add(now, kind)
+        elif op == "clear":
+            window.clear()
+            model.clear()
+        else:
+            assert window.total(now, kind) == model.total(now, kind)
+    for kind in (0, 1):
+        assert window.total(110.0, kind) == model.total(110.0, kind)
+        assert window.total(100.0, kind) == model.total(100.0, kind)

@@ -59,8 +59,9 @@ from ballast_asgi.core.types import ASGIApp, Clock, Message, RawHeaders, Receive
 from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.gateway.compose import build_live, compose
 from ballast_asgi.gateway.views import GatewayViews
+from ballast_asgi.middleware import at_wire
 from ballast_asgi.middleware.pipeline import Pipeline
-from ballast_asgi.ops.admin import AdminRouter, Route
+from ballast_asgi.ops.admin import AdminRouter, Route, relative_path
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams.core.instance import InstanceSpec
@@ -160,10 +161,16 @@ class Gateway(GatewayViews):
         kind = scope["type"]
         stack = self.stack  # read once: a request finishes on the stack it started on
         if kind == "http":
-            scope = self._peer(scope)
-            if stack.direct is not None and stack.router.passes(scope):
-                await stack.direct(scope, receive, send)  # the admin router's pass-through
-                return
+            if self.server_may_rewrite or self.forwarded.networks:
+                scope = self._peer(scope)  # else ``_peer`` returns the scope as it is
+            direct = stack.direct
+            if direct is not None:
+                prefix = stack.router.passing  # ``AdminRouter.passes``, inlined
+                if prefix is not None and not (
+                    relative_path(scope) if scope.get("root_path") else scope["path"]
+                ).startswith(prefix):
+                    await direct(scope, receive, send)  # the admin router's pass-through
+                    return
         elif kind == "websocket":
             await self.websockets(self._peer(scope), receive, send)
             return
@@ -192,12 +199,16 @@ class Gateway(GatewayViews):
             return None
         if self.forwarded.networks and self.forwarded.is_trusted(host):
             return None
-        if not current.router.passes({"path": path, "root_path": root_path}):
+        prefix = current.router.passing  # ``AdminRouter.passes``, inlined
+        if prefix is None or (
+            relative_path({"path": path, "root_path": root_path}) if root_path else path
+        ).startswith(prefix):
             return None
-        shed = stack.decide_at_wire(method, path, raw_path, headers, host, memo)
+        # ``stack.decide_at_wire``, one call less
+        shed = at_wire.decide(stack.stages, method, path, raw_path, headers, host, memo)
         if shed is None:
             return None
-        return (shed, *self.parts.responder.response(shed))
+        return (shed, *stack.responder.response(shed))
 
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""

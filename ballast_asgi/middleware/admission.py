@@ -45,7 +45,7 @@ from ballast_asgi.core.priority import PRIORITY_HEADER, Priority, parse_priority
 from ballast_asgi.core.routes import Route, RouteTable
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, RawHeaders, Receive, Scope, Send
-from ballast_asgi.middleware.context import RequestContext, with_context
+from ballast_asgi.middleware.context import SCOPE_KEY, RequestContext
 from ballast_asgi.middleware.responses import ShedResponder, send_refusal
 from ballast_asgi.telemetry.metrics import Metrics
 
@@ -99,6 +99,8 @@ class AdmissionStage:
         #: Matches each request to its route (default: automatic groups only).
         self.routes = RouteTable() if routes is None else routes
         self.clock = clock
+        #: ``metrics.count_request`` by tier, bound once (one call less per request).
+        self._count_request = metrics.request_adders
 
     async def enter(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send
@@ -145,23 +147,31 @@ class AdmissionStage:
                 )  # fmt: skip
             except HeaderError as exc:
                 return exc
-        self.metrics.count_request(priority)
-        shed = self.decide(deadline, priority, now)
+        self._count_request[priority](1)  # ``metrics.count_request``
+        shed = None if deadline is None else self.decide(deadline, priority, now)
         if shed is not None and not self.responder.dry_run:
             return shed
+        # Positional: the field order of ``RequestContext`` (keywords cost twice as much).
         ctx = RequestContext(
-            arrival=now,
-            deadline=deadline,
-            priority=priority,
-            head=head,
-            route=route,
-            clock=self.clock,
-            failure_statuses=self.failure_statuses,
+            now, deadline, priority, head, route, None, 0, 0.0, None, None, None, None, [], (),
+            self.clock, self.failure_statuses,
+        )  # fmt: skip
+        routes = self.routes
+        if route is routes.other and routes.learn_groups:
+            ctx.learn_route = routes.learn
+        # ``with_context`` and ``_forwarded_headers``, inlined (once per request)
+        child = dict(scope)
+        state = scope.get("state")
+        state = dict(state) if state else {}
+        state[SCOPE_KEY] = ctx
+        child["state"] = state
+        child[SCOPE_KEY] = ctx
+        headers = scope["headers"]
+        child["headers"] = (
+            list(headers)
+            if head.priority is None
+            else _forwarded_headers(headers, head, priority, ignored)
         )
-        if route is self.routes.other and self.routes.learn_groups:
-            ctx.learn_route = self.routes.learn
-        child = with_context(scope, ctx)
-        child["headers"] = _forwarded_headers(scope["headers"], head, priority, ignored)
         return ctx, child, shed
 
     async def refuse(self, send: Send, exc: HeaderError) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import RawHeaders, Receive, Scope, Send
 from ballast_asgi.middleware import at_wire
@@ -34,7 +35,7 @@ from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, finish
-from ballast_asgi.middleware.limit_route import limit_route
+from ballast_asgi.middleware.limit_route import limit_key
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
 from ballast_asgi.middleware.retry import RetryMiddleware
@@ -65,51 +66,76 @@ class Pipeline:
         self._capacity = stages.capacity.stage
         self._concurrency = stages.concurrency.stage
         self._breaker = stages.breaker.stage
+        #: The shed responder of the stages (the one ``ShedResponder`` they share).
+        self.responder = stages.admission.stage.responder
+        # What ``__call__`` reads per request, read once (the stages are fixed per pipeline).
+        self._admission_app = stages.admission.app
+        self._held = self._capacity.capacity
+        self._limiter = self._concurrency.limiter
+        self._clock = self._concurrency.clock
+        self._retry = None if stages.retry is None else stages.retry.stage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         stages = self.stages
-        entered = await self._admission.enter(stages.admission.app, scope, receive, send)
-        if entered is None:
+        admission = self._admission
+        admitted = admission.admit(scope)  # ``AdmissionStage.enter``, inlined
+        if admitted.__class__ is not tuple:
+            if isinstance(admitted, HeaderError):
+                await admission.refuse(send, admitted)
+            else:  # enforcing: answered before any context is built
+                await admission.responder.shed(send, admitted)  # type: ignore[arg-type]
             return
-        ctx, scope = entered
+        ctx, scope, shed = admitted
+        if shed is not None:
+            await admission.responder.act(shed, ctx, self._admission_app, scope, receive, send)
+            return
         limited = stages.ratelimit
         if limited is not None:
             send, shed = await limited.stage.check(scope, send)
             if shed is not None:
                 await limited.stage.responder.act(shed, ctx, limited.app, scope, receive, send)
                 return
-        capacity = self._capacity
-        if not capacity.capacity.try_enter(ctx.priority):
-            await capacity.refuse(ctx, ctx.priority, stages.capacity.app, scope, receive, send)
+        held = self._held
+        if not held.try_enter(ctx.priority):
+            await self._capacity.refuse(
+                ctx, ctx.priority, stages.capacity.app, scope, receive, send
+            )
             return
         try:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
                 await stages.body.stage.run(stages.body.app, scope, receive, send, ctx)
                 return
-            concurrency = self._concurrency
-            now = concurrency.clock()
-            permit = concurrency.limiter.try_acquire(now, limit_route(scope, ctx))
+            route = ctx.route  # ``limit_route``, inlined
+            key = (
+                route.name
+                if route is not None and route.source != "overflow"
+                else limit_key(route, scope.get("path"))
+            )
+            now = self._clock()
+            permit = self._limiter.try_acquire(now, key)
             if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
                 queue = stages.queue
                 if queue is not None:
                     await queue.stage.wait_then_run(queue.app, scope, receive, send, ctx, now)
                 else:
-                    await concurrency.refuse(ctx, stages.concurrency.app, scope, receive, send)
+                    await self._concurrency.refuse(
+                        ctx, stages.concurrency.app, scope, receive, send
+                    )
                 return
             ctx.permit = permit
-            retry = stages.retry
+            retry = self._retry
             try:
-                if retry is not None and retry.stage.begin(scope, ctx):
-                    await retry.stage.attempts(stages.breaker, scope, receive, send, ctx)
+                if retry is not None and retry.begin(scope, ctx):
+                    await retry.attempts(stages.breaker, scope, receive, send, ctx)
                 else:
                     await self._breaker.attempt(stages.breaker.app, scope, receive, send, ctx)
             finally:
-                finish(permit, ctx, concurrency.clock())
+                finish(permit, ctx, self._clock())
         finally:
-            capacity.capacity.leave()
+            held.leave()
 
     def decide_at_wire(
         self,

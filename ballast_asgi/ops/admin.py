@@ -72,6 +72,9 @@ class AdminRouter:
         self._enabled = enabled
         self._health_state = health
         self._prefix = prefix
+        #: The prefix a request's path must not start with to pass (``passes``); None:
+        #: nothing passes (no app, or the admin port's router at the root).
+        self.passing: str | None = prefix if app is not None and prefix else None
         self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             f"{prefix}/metrics": self._metrics,
             f"{prefix}/snapshot": self._snapshot_json,
@@ -89,15 +92,12 @@ class AdminRouter:
 
         A composition root may then call ``app`` itself (``Gateway`` does).
         """
-        return (
-            self.app is not None
-            and self._prefix != ""
-            and not _relative(scope).startswith(self._prefix)
-        )
+        prefix = self.passing
+        return prefix is not None and not relative_path(scope).startswith(prefix)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path = _relative(scope)
+            path = relative_path(scope)
             if self._prefix == "" or path.startswith(self._prefix):
                 route = self._routes.get(path.rstrip("/") or path)
                 if route is not None and not self._enabled():
@@ -233,11 +233,13 @@ def _hashes(page: str, tag: str) -> list[str]:
     return [f"'sha256-{base64.b64encode(d).decode('ascii')}'" for d in digests]
 
 
-def _relative(scope: Scope) -> str:
+def relative_path(scope: Scope) -> str:
     """The path without the mount prefix (``root_path``) when it carries one."""
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+    if not root:
+        return path
+    if path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
         return path[len(root) :] or "/"
     return path
 

@@ -12,7 +12,7 @@ root, so the hot path never touches them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -146,6 +146,9 @@ class Metrics:
         # bound once (``Counter.inc`` adds an observability check and a sign check per call).
         self._shed_inc = {k: _adder(c) for k, c in self._shed.items()}
         self._requests_inc = {p: _adder(c) for p, c in self._requests.items()}
+        #: ``count_request``'s adder per tier (``adder(1)`` counts one request): for a
+        #: stage that counts every request and keeps the mapping (one call less).
+        self.request_adders: Mapping[Priority, Callable[[float], None]] = self._requests_inc
         self._queued = {o: self.queued.labels(o) for o in QUEUE_OUTCOMES}
         self._queue_wait = {p: self.queue_wait.labels(p.label) for p in ALL_PRIORITIES}
         self._retries = {r_: self.retries.labels(r_) for r_ in RETRY_RESULTS}

@@ -256,6 +256,23 @@ async def test_gateway_fast_path_keeps_admin_and_pass_through_answers() -> None:
     assert unknown.status_code == 404
 
 
+async def test_gateway_fast_path_under_a_root_path_keeps_admin_and_pass_through() -> None:
+    """Mounted at a root path: the admin prefix is judged on the path below it."""
+    up = EchoHandler()
+    gw = _gateway(up)
+    transport = httpx.ASGITransport(gw, root_path="/api")
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        health = await c.get("/api/_ballast/health")
+        proxied = await c.get("/api/orders/1")
+    assert health.json() == {"status": "ok"}
+    assert proxied.status_code == 200 and up.calls == 1
+    dead = [(b"x-deadline-ms", b"0")]
+    gw.server_may_rewrite = False
+    assert gw.shed_at_wire("GET", "/api/_ballast/x", b"/api/_ballast/x", dead, None, "/api") is None
+    shed = gw.shed_at_wire("GET", "/api/orders", b"/api/orders", dead, None, "/api")
+    assert shed is not None and shed[0].reason is ShedReason.DEADLINE
+
+
 async def test_lifespan_start_up_freezes_the_collector() -> None:
     """Once start-up completed, what it built is in the permanent generation."""
     gc.unfreeze()

@@ -208,7 +208,8 @@ class Gateway(GatewayViews):
         shed = at_wire.decide(stack.stages, method, path, raw_path, headers, host, memo)
         if shed is None:
             return None
-        return (shed, *stack.responder.response(shed))
+        status, seconds, shed_headers, body = stack.responder.response(shed)
+        return shed, status, seconds, shed_headers, body
 
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""

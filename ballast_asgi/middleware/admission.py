@@ -216,6 +216,8 @@ class AdmissionStage:
         default_ms: float | None = route.deadline_ms
         if default_ms is None:
             default_ms = self.default_deadline_ms
+        if head.deadline is None and default_ms is None:  # ``absolute_deadline``'s None
+            return head, route, priority, ignored, None
         return head, route, priority, ignored, absolute_deadline(head.deadline, now, default_ms)
 
     def count(self, route: Route, priority: Priority, ignored: bool) -> None:
@@ -223,7 +225,7 @@ class AdmissionStage:
         self.routes.count(route)
         if ignored:
             self.metrics.priority_ignored.inc()
-        self.metrics.count_request(priority)
+        self._count_request[priority](1)  # ``metrics.count_request``
 
     def decide(self, deadline: float | None, priority: Priority, now: float) -> Shed | None:
         """``deadline`` when the budget is spent, ``early_drop`` when it cannot be met."""

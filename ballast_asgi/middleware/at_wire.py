@@ -85,7 +85,7 @@ def decide(
     if head.upgrade:
         return None
     commit: Commit | None = None
-    shed = admission.decide(deadline, priority, now)
+    shed = None if deadline is None else admission.decide(deadline, priority, now)
     if shed is None:
         later = _after_admission(stages, route, priority, head.has_body, host, path, now)
         if later is None:

@@ -91,6 +91,8 @@ class ShedResponder:
         #: Set by the composition root; flipped live on reload.
         self.dry_run = False
         self._built: dict[tuple[ShedReason, Priority, int], _Built] = {}
+        #: ``metrics.count_shed`` by (reason, tier), bound once.
+        self._count_shed = metrics.shed_adders
 
     @property
     def status(self) -> int:
@@ -181,12 +183,24 @@ class ShedResponder:
         """
         reason = shed.reason
         priority = shed.priority
-        self.metrics.count_shed(reason, priority)
-        seconds = (
-            self.retry_after_s()
-            if shed.retry_after_s is None
-            else max(1, math.ceil(shed.retry_after_s))
-        )
+        self._count_shed[reason, priority](1)  # ``metrics.count_shed``
+        after = shed.retry_after_s
+        if after is None:  # ``retry_after_s()``, inlined (the same draw, the same value)
+            base = self.drain_estimate()
+            if not base >= 1.0:  # ``max(1.0, base)``
+                base = 1.0
+            jitter = self.jitter
+            # ``Random.uniform(-jitter, jitter)``: ``a + (b - a) * random()``
+            jittered = base * (1.0 + (-jitter + (jitter + jitter) * self._rng.random()))
+            seconds = math.ceil(jittered)
+            if seconds > self.max_retry_after_s:
+                seconds = self.max_retry_after_s
+            if seconds < 1:
+                seconds = 1
+        else:
+            seconds = math.ceil(after)
+            if seconds < 1:
+                seconds = 1
         if shed.headers:
             headers, body = _shed_response(reason, priority, seconds, shed.headers)
         else:

@@ -149,6 +149,10 @@ class Metrics:
         #: ``count_request``'s adder per tier (``adder(1)`` counts one request): for a
         #: stage that counts every request and keeps the mapping (one call less).
         self.request_adders: Mapping[Priority, Callable[[float], None]] = self._requests_inc
+        #: ``count_shed``'s adder per (reason, tier), the same way.
+        self.shed_adders: Mapping[tuple[ShedReason, Priority], Callable[[float], None]] = (
+            self._shed_inc
+        )
         self._queued = {o: self.queued.labels(o) for o in QUEUE_OUTCOMES}
         self._queue_wait = {p: self.queue_wait.labels(p.label) for p in ALL_PRIORITIES}
         self._retries = {r_: self.retries.labels(r_) for r_ in RETRY_RESULTS}

@@ -105,6 +105,20 @@ async def test_drain_estimate_retry_after_still_jittered_and_counted() -> None:
     assert _count(metrics, "ballast_shed_total", reason="capacity", priority="bulk") == 40
 
 
+@pytest.mark.parametrize("drain", [0.0, 0.4, 1.0, 2.5, 10.0, 59.9, 500.0, float("nan")])
+def test_response_retry_after_is_retry_after_s_drawn_the_same_way(drain: float) -> None:
+    """``response`` computes Retry-After as ``retry_after_s`` does: same draws, same values."""
+    inline = ShedResponder(Metrics(), rng=random.Random(7), jitter=0.3, max_retry_after_s=30)
+    method = ShedResponder(Metrics(), rng=random.Random(7), jitter=0.3, max_retry_after_s=30)
+    inline.drain_estimate = method.drain_estimate = lambda: drain
+    shed = Shed(ShedReason.LIMIT, Priority.CRITICAL)
+    got = [inline.response(shed)[1] for _ in range(200)]
+    assert got == [method.retry_after_s() for _ in range(200)]
+    given = (Shed(ShedReason.LIMIT, Priority.CRITICAL, s) for s in (0, 0.2, 3))
+    explicit = [inline.response(g)[1] for g in given]
+    assert explicit == [1, 1, 3]
+
+
 def _count(metrics: Metrics, name: str, **labels: str) -> float:
     for family in metrics.registry.collect():
         for s in family.samples:

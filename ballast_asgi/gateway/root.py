@@ -59,7 +59,6 @@ from ballast_asgi.core.types import ASGIApp, Clock, Message, RawHeaders, Receive
 from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.gateway.compose import build_live, compose
 from ballast_asgi.gateway.views import GatewayViews
-from ballast_asgi.middleware import at_wire
 from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.admin import AdminRouter, Route, relative_path
 from ballast_asgi.telemetry.events import emit
@@ -204,8 +203,8 @@ class Gateway(GatewayViews):
             relative_path({"path": path, "root_path": root_path}) if root_path else path
         ).startswith(prefix):
             return None
-        # ``stack.decide_at_wire``, one call less
-        shed = at_wire.decide(stack.stages, method, path, raw_path, headers, host, memo)
+        # ``stack.decide_at_wire``, one call less:
+        shed = stack.wire.decide(method, path, raw_path, headers, host, memo)
         if shed is None:
             return None
         status, seconds, shed_headers, body = stack.responder.response(shed)

@@ -1,6 +1,7 @@
 """The stages' shed decision for a request head, before any ASGI work (issue 31).
 
-``decide(stages, method, path, raw_path, headers, host)`` answers, for a
+``decide(stages, method, path, raw_path, headers, host)`` (``WireDecision``:
+the same with the stages' collaborators read once, one per ``Pipeline``) answers, for a
 request whose head was just parsed by the server (``ballast_asgi/server/wire.py``),
 whether the fused pipeline (``Pipeline``) would shed it *now*, and with which
 ``Shed``; None means "not decided here": the request goes the ordinary way and
@@ -57,6 +58,116 @@ if TYPE_CHECKING:
 Commit = Callable[[], None]
 
 
+class WireDecision:
+    """``decide`` for one pipeline's stages, their collaborators read once (``Pipeline.wire``).
+
+    A ``Pipeline`` keeps one (its stages are fixed); ``decide(stages, ...)`` builds
+    one per call. What a stage may change live (dry-run, a rate-limit reload) is read
+    per request, as the stages read it.
+    """
+
+    __slots__ = ("admission", "breakers", "capacity", "limiter", "queue", "ratelimit", "retry")
+
+    def __init__(self, stages: Stages) -> None:
+        self.admission = stages.admission.stage
+        self.ratelimit = None if stages.ratelimit is None else stages.ratelimit.stage
+        self.capacity: Capacity = stages.capacity.stage.capacity
+        self.limiter: Limiter = stages.concurrency.stage.limiter
+        self.queue = None if stages.queue is None else stages.queue.stage
+        self.retry = None if stages.retry is None else stages.retry.stage
+        self.breakers = stages.breaker.stage.breakers
+
+    def decide(
+        self,
+        method: str,
+        path: str,
+        raw_path: bytes | str,
+        headers: RawHeaders,
+        host: str | None,
+        memo: list[object] | None = None,
+    ) -> Shed | None:
+        """The ``Shed`` the pipeline would answer now (counted), or None: not decided here.
+
+        ``memo``: for a request read here and not shed, ``memo[0]`` is set to
+        ``(admission, read, now)``; the server puts it in the request's scope under
+        ``WIRE_READ`` and admission uses it instead of reading the head again.
+        """
+        admission = self.admission
+        if admission.responder.dry_run or admission.route_key is not None:
+            return None
+        now = admission.clock()
+        try:
+            head, route, priority, ignored, deadline = admission.read(
+                method, path, raw_path, headers, host, now, count=False
+            )
+        except HeaderError:
+            return None
+        if head.upgrade:
+            return None
+        commit: Commit | None = None
+        shed = None if deadline is None else admission.decide(deadline, priority, now)
+        if shed is None:
+            later = self._after_admission(route, priority, head.has_body, host, path, now)
+            if later is None:
+                if memo is not None:
+                    memo[0] = (admission, (head, route, priority, ignored, deadline), now)
+                return None
+            shed, commit = later
+        admission.count(route, priority, ignored)
+        if commit is not None:
+            commit()
+        return shed
+
+    def _after_admission(
+        self,
+        route: Route,
+        priority: Priority,
+        has_body: bool,
+        host: str | None,
+        path: str,
+        now: float,
+    ) -> tuple[Shed, Commit] | None:
+        """The shed of the stages after admission, in the pipeline's order (None: not here).
+
+        The commits are built only for a shed (a request that goes on costs no closure).
+        """
+        ratelimit = self.ratelimit
+        if ratelimit is not None and (
+            route.rate_limit is not None or ratelimit.runtime.config.enabled
+        ):
+            return None
+        capacity = self.capacity
+        if capacity.would_refuse(priority):
+            refuse = partial(_refuse_capacity, capacity, priority)
+            return Shed(ShedReason.CAPACITY, priority), refuse
+        if has_body:
+            return None
+        limiter = self.limiter
+        # ``limit_key``, inlined for a route of its own
+        key = route.name if route.source != "overflow" else limit_key(route, path)
+        full = limiter.full(now, key)
+        if full is None:
+            return None
+        if full:
+            queue = self.queue
+            if queue is None:
+                refused = partial(_take_and_return, limiter, now, key)
+                return Shed(ShedReason.LIMIT, priority), refused
+            if not queue.queue.would_refuse(priority):
+                return None
+            commit = partial(_queue_full, limiter, now, key, queue.metrics)
+            return Shed(ShedReason.QUEUE_FULL, priority), commit
+        retry = self.retry
+        if retry is not None and retry.replays(route):
+            return None
+        breaker = self.breakers.get(route.name)
+        if breaker.can_acquire(now, host):
+            return None
+        shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
+        # The breaker stage's shed: the permit it was given goes back at once, IGNORED.
+        return shed, partial(_take_and_return, limiter, now, key)
+
+
 def decide(
     stages: Stages,
     method: str,
@@ -66,83 +177,9 @@ def decide(
     host: str | None,
     memo: list[object] | None = None,
 ) -> Shed | None:
-    """The ``Shed`` the pipeline would answer now (counted), or None: not decided here.
-
-    ``memo``: for a request read here and not shed, ``memo[0]`` is set to
-    ``(admission, read, now)``; the server puts it in the request's scope under
-    ``WIRE_READ`` and admission uses it instead of reading the head again.
-    """
-    admission = stages.admission.stage
-    if admission.responder.dry_run or admission.route_key is not None:
-        return None
-    now = admission.clock()
-    try:
-        head, route, priority, ignored, deadline = admission.read(
-            method, path, raw_path, headers, host, now, count=False
-        )
-    except HeaderError:
-        return None
-    if head.upgrade:
-        return None
-    commit: Commit | None = None
-    shed = None if deadline is None else admission.decide(deadline, priority, now)
-    if shed is None:
-        later = _after_admission(stages, route, priority, head.has_body, host, path, now)
-        if later is None:
-            if memo is not None:
-                memo[0] = (admission, (head, route, priority, ignored, deadline), now)
-            return None
-        shed, commit = later
-    admission.count(route, priority, ignored)
-    if commit is not None:
-        commit()
-    return shed
-
-
-def _after_admission(
-    stages: Stages,
-    route: Route,
-    priority: Priority,
-    has_body: bool,
-    host: str | None,
-    path: str,
-    now: float,
-) -> tuple[Shed, Commit] | None:
-    """The shed of the stages after admission, in the pipeline's order (None: not here).
-
-    The commits are built only for a shed (a request that goes on costs no closure).
-    """
-    if stages.ratelimit is not None and (
-        route.rate_limit is not None or stages.ratelimit.stage.runtime.config.enabled
-    ):
-        return None
-    capacity = stages.capacity.stage.capacity
-    if capacity.would_refuse(priority):
-        return Shed(ShedReason.CAPACITY, priority), partial(_refuse_capacity, capacity, priority)
-    if has_body:
-        return None
-    limiter = stages.concurrency.stage.limiter
-    key = limit_key(route, path)
-    full = limiter.full(now, key)
-    if full is None:
-        return None
-    if full:
-        queue = None if stages.queue is None else stages.queue.stage
-        if queue is None:
-            return Shed(ShedReason.LIMIT, priority), partial(_take_and_return, limiter, now, key)
-        if not queue.queue.would_refuse(priority):
-            return None
-        commit = partial(_queue_full, limiter, now, key, queue.metrics)
-        return Shed(ShedReason.QUEUE_FULL, priority), commit
-    retry = None if stages.retry is None else stages.retry.stage
-    if retry is not None and retry.replays(route):
-        return None
-    breaker = stages.breaker.stage.breakers.get(route.name)
-    if breaker.can_acquire(now, host):
-        return None
-    shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
-    # The breaker stage's shed: the permit it was given goes back at once, IGNORED.
-    return shed, partial(_take_and_return, limiter, now, key)
+    """The ``Shed`` the pipeline of ``stages`` would answer now (counted), or None: not
+    decided here (``WireDecision.decide``; a ``Pipeline`` keeps its own)."""
+    return WireDecision(stages).decide(method, path, raw_path, headers, host, memo)
 
 
 def _refuse_capacity(capacity: Capacity, priority: Priority) -> None:
@@ -165,4 +202,4 @@ def _queue_full(limiter: Limiter, now: float, key: str, metrics: Metrics) -> Non
     metrics.count_queued("queue_full")
 
 
-__all__ = ["decide"]
+__all__ = ["WireDecision", "decide"]

@@ -74,6 +74,8 @@ class Pipeline:
         self._limiter = self._concurrency.limiter
         self._clock = self._concurrency.clock
         self._retry = None if stages.retry is None else stages.retry.stage
+        #: The shed decision at the wire for these stages (``decide_at_wire``).
+        self.wire = at_wire.WireDecision(stages)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -148,7 +150,7 @@ class Pipeline:
     ) -> Shed | None:
         """The shed this pipeline would answer a request head with now (counted as the
         stages count it), or None: the request goes the ordinary way (``at_wire.py``)."""
-        return at_wire.decide(self.stages, method, path, raw_path, headers, host, memo)
+        return self.wire.decide(method, path, raw_path, headers, host, memo)
 
 
 __all__ = ["Pipeline", "Stages"]

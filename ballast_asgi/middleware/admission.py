@@ -188,7 +188,6 @@ class AdmissionStage:
         host: str | None,
         now: float,
         template: str | None = None,
-        *,
         count: bool = True,
     ) -> Read:
         """The head, route, tier (and whether X-Priority was ignored) and absolute deadline.

@@ -98,8 +98,8 @@ class WireDecision:
         now = admission.clock()
         try:
             head, route, priority, ignored, deadline = admission.read(
-                method, path, raw_path, headers, host, now, count=False
-            )
+                method, path, raw_path, headers, host, now, None, False
+            )  # no template (``route_key`` is None), counted only when shed
         except HeaderError:
             return None
         if head.upgrade:

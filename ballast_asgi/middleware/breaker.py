@@ -87,7 +87,8 @@ class BreakerStage:
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, ctx: RequestContext | None
     ) -> None:
         """One attempt through ``app`` under a ticket, or the ``breaker_open`` shed."""
-        breaker = self.breakers.get(_key(ctx))
+        route = None if ctx is None else ctx.route  # ``_key``, inlined
+        breaker = self.breakers.get(None if route is None else route.name)
         now = self._clock()
         client = client_ip(scope)
         ticket = breaker.acquire(now, client)

@@ -51,8 +51,12 @@ def finish(permit: Permit, ctx: RequestContext, now: float) -> None:
     someone took it off the context without releasing it (the queue's safety
     net); nothing when an inner stage already handed it back.
     """
-    if ctx.permit is permit:
-        release(permit, ctx, now)
+    if ctx.permit is permit:  # ``release``, inlined
+        outcome = ctx.outcome
+        if outcome is None:
+            permit.release(Outcome.IGNORED, now)
+        else:
+            permit.release(limiter_signal(outcome), now, ctx.rtt_s)
     elif not permit.released:
         permit.release(Outcome.IGNORED, now)
 

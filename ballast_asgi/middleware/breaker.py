@@ -51,7 +51,7 @@ from ballast_asgi.core.outcome import (
 )
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
-from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.context import SCOPE_KEY, RequestContext
 from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
@@ -165,8 +165,13 @@ class BreakerMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One attempt under a ticket; non-HTTP and dry-run admitted requests pass through."""
-        ctx = find_context(scope) if scope["type"] == "http" else None
-        if scope["type"] != "http" or (ctx is not None and ctx.would_shed):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ctx = scope.get(SCOPE_KEY)  # ``find_context``, inlined
+        if not isinstance(ctx, RequestContext):
+            ctx = None
+        elif ctx.would_shed:
             await self.app(scope, receive, send)  # dry-run: admitted outside every limit
             return
         await self.stage.attempt(self.app, scope, receive, send, ctx)

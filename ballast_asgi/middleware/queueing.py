@@ -185,7 +185,8 @@ class QueueStage:
             future.cancel()
 
     def _on_release(self, now: float) -> None:
-        dispatch(self.queue, self.limiter, now, _deliver)
+        if self.queue.total:  # nobody waiting (the common case): ``dispatch`` grants nothing
+            dispatch(self.queue, self.limiter, now, _deliver)
 
 
 def _deliver(waiter: Waiter, permit: Permit) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import httpx
@@ -9,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ballast_asgi.config import load_config
+from ballast_asgi.core.forwarded import CLIENT_IP_KEY
 from ballast_asgi.gateway import Gateway, build_gateway
 from tests.fakes import EchoHandler
 
@@ -149,3 +151,55 @@ async def test_configured_retry_statuses_are_retried(tmp_path: Path) -> None:
     async with _client(gw) as c:
         r = await c.get("/flaky")
     assert r.status_code == 200 and calls == ["/flaky", "/flaky"]
+
+
+class _Recorder:
+    """An ASGI app that keeps the scopes it is called with."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, object]] = []
+
+    async def __call__(self, scope: dict[str, object], receive: object, send: object) -> None:
+        self.scopes.append(scope)
+
+
+def _scope(client: str, forwarded: bytes) -> dict[str, object]:
+    return {
+        "type": "http", "method": "GET", "path": "/x", "root_path": "", "client": (client, 5000),
+        "headers": [(b"host", b"gw"), (b"x-forwarded-for", forwarded)],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("trusted", "may_rewrite", "client", "expected"),
+    [
+        ([], False, "10.0.0.1", "same"),  # nothing reads X-Forwarded-For: the scope as it is
+        ([], True, "203.0.113.7", None),  # the server took the client from the header
+        ([], True, "10.0.0.1", "same"),
+        (["10.0.0.0/8"], False, "10.0.0.1", "203.0.113.7"),  # a trusted proxy's client
+        (["10.0.0.0/8"], False, "192.0.2.1", "same"),  # an untrusted peer's header is ignored
+    ],
+)
+async def test_the_pass_through_gets_the_peer_decided_scope(
+    trusted: list[str], may_rewrite: bool, client: str, expected: str | None
+) -> None:
+    """``Gateway.__call__`` decides the peer (``_peer``) only when something reads it."""
+    env = {"BALLAST_UPSTREAM": "http://up.test"}
+    config = load_config(env=env, overrides={"proxy": {"trusted_proxies": trusted}})
+    gw = build_gateway(config, transport=httpx.MockTransport(EchoHandler()), env={})
+    gw.server_may_rewrite = may_rewrite
+    recorder = _Recorder()
+    gw.stack = dataclasses.replace(gw.stack, direct=recorder)
+    scope = _scope(client, b"203.0.113.7")
+    await gw(scope, _never, _never)
+    (seen,) = recorder.scopes
+    if expected == "same":
+        assert seen is scope
+    elif expected is None:
+        assert seen["client"] is None
+    else:
+        assert seen[CLIENT_IP_KEY] == expected and seen["client"] == (client, 5000)
+
+
+async def _never(*_: object) -> None:
+    raise AssertionError("not called")

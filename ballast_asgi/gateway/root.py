@@ -162,14 +162,11 @@ class Gateway(GatewayViews):
         if kind == "http":
             if self.server_may_rewrite or self.forwarded.networks:
                 scope = self._peer(scope)  # else ``_peer`` returns the scope as it is
-            direct = stack.direct
-            if direct is not None:
-                prefix = stack.router.passing  # ``AdminRouter.passes``, inlined
-                if prefix is not None and not (
-                    relative_path(scope) if scope.get("root_path") else scope["path"]
-                ).startswith(prefix):
-                    await direct(scope, receive, send)  # the admin router's pass-through
-                    return
+            prefix = stack.router.passing  # ``AdminRouter.passes`` inlined: its pass-through
+            path = relative_path(scope) if scope.get("root_path") else scope["path"]
+            if stack.direct is not None and prefix is not None and not path.startswith(prefix):
+                await stack.direct(scope, receive, send)
+                return
         elif kind == "websocket":
             await self.websockets(self._peer(scope), receive, send)
             return
@@ -203,8 +200,7 @@ class Gateway(GatewayViews):
             relative_path({"path": path, "root_path": root_path}) if root_path else path
         ).startswith(prefix):
             return None
-        # ``stack.decide_at_wire``, one call less:
-        shed = stack.wire.decide(method, path, raw_path, headers, host, memo)
+        shed = stack.wire.decide(method, path, raw_path, headers, host, memo)  # decide_at_wire
         if shed is None:
             return None
         status, seconds, shed_headers, body = stack.responder.response(shed)

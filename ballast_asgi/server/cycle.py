@@ -219,7 +219,17 @@ class ResponseCycle:
                 )
             self.response_started = True
             self.waiting_for_100_continue = False
-            self._write(self._head(message))
+            data = self._head(message)
+            # ``_write`` inlined: the head is the cycle's first joined write.
+            self._pending = [data]
+            self._size = len(data)
+            protocol = self.protocol
+            protocol._writing = self
+            if len(data) >= _JOIN_LIMIT:
+                self.flush()
+            else:
+                self._scheduled = True
+                protocol.loop.call_soon(self._flush_soon)
         elif not self.response_complete:
             if message["type"] != "http.response.body":
                 raise RuntimeError(
@@ -249,7 +259,11 @@ class ResponseCycle:
                 if self.expected_content_length != 0:
                     raise RuntimeError("Response content shorter than Content-Length")
                 self.response_complete = True
-                self.wake()
+                event = self.message_event  # ``wake`` inlined
+                if event is None:
+                    self._set = True
+                else:
+                    event.set()
                 if self.keep_alive:
                     self.flush()
                 else:

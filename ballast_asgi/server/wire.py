@@ -297,11 +297,20 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        """The guarded protocol's (inlined: a call less per request), or the end of a
+        request answered here: its body was dropped, the connection closes if it must."""
+        self._body_done = True
         if not self._shed_here:
-            super().on_message_complete()
+            cycle = self.cycle
+            if not (
+                (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete
+            ):
+                cycle.more_body = False
+                cycle.wake()
+            self._in_head = True
+            self._head_bytes = 0
             return
         self._shed_here = False
-        self._body_done = True
         self._in_head = True
         self._head_bytes = 0
         if self._close_when_read:

@@ -38,23 +38,40 @@ keep-alive connection on which no later request would ever be read (issue
 (``CONNECT host:443``), which uvicorn cannot turn into a scope, gets the
 same 405 here.
 
-Each response's writes are joined (``JoinedWrites``, ``joined.py``). With TLS
+Each request runs in a ``ResponseCycle`` (``cycle.py``): uvicorn's request
+cycle with fewer steps per request, its writes joined per response; the
+request's scope and cycle are built here in one step when its head is
+complete (uvicorn's ``on_message_begin`` and ``on_headers_complete`` fused,
+the same scope), and request trailers are dropped here (``proxy/server.py``'s
+guard, which patches uvicorn's class, does not reach these methods). With TLS
 (``server.ssl_certfile``) the handshake is done by ``ballast_asgi.server.tls``:
 bounded by ``header_timeout_ms``, counted against ``max_connections`` from
 accept, and the head timer runs from accept. How uvicorn is made to use this
 protocol (the CLI's settings, adoption of ``uvicorn ballast_asgi.gateway:app``)
 is ``serve.py``, which also re-exports every name of this module.
+
+Longer than 300 lines on purpose: uvicorn's per-request callbacks
+(``on_message_begin``, ``on_header``, ``on_headers_complete``, ``on_body``,
+``on_message_complete``, ``on_response_complete``, ``connection_lost``) are
+written out here once, fused with the guards' steps, instead of each calling
+uvicorn's method around ours (a Python call less per step, issue 31).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import urllib.parse
 from typing import Any
 
+import httptools
+from uvicorn.logging import TRACE_LOG_LEVEL
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ballast_asgi.config.models import ServerConfig
-from ballast_asgi.server.joined import JoinedWrites
+from ballast_asgi.middleware.admission import WIRE_READ
+from ballast_asgi.server.cycle import ResponseCycle
 
 #: A head timer that fires this close to its due time times the head out (loop timers
 #: may fire up to their clock's resolution early).
@@ -70,6 +87,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     header_timeout_s: float = ServerConfig().header_timeout_ms / 1000.0
     max_header_bytes: int = ServerConfig().max_header_bytes
+    cycle: ResponseCycle  # type: ignore[assignment]  # ours, not uvicorn's (``cycle.py``)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,7 +97,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         #: Loop time the current head began (connection start or first byte); None between.
         self._head_since: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
-        self._joined: JoinedWrites | None = None
+        #: The request cycle holding joined response bytes not written yet (``cycle.py``).
+        self._writing: ResponseCycle | None = None
+        #: The request head is complete: fields the parser still reports are trailers.
+        self._ballast_in_body = False
+        #: The request target as parsed by the wire's decision (``wire.py``), reused once.
+        self._parsed_url: Any = None
+        #: What the wire's decision read (``WIRE_READ``), handed to the request's scope.
+        self._memo: list[object] = [None]
+        self._fresh_context = bool(getattr(self.config, "reset_contextvars", False))
+        self._discard = self.tasks.discard
         #: Loop time the connection was accepted, when that was before ``connection_made``
         #: (set by ``serve_tls.TlsFront``: the handshake counts against the head timeout).
         self.accepted_at: float | None = None
@@ -92,22 +119,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._joined = JoinedWrites(transport, self.loop, self._close_after_response)
         self._head_begins(self.accepted_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """uvicorn's (0.55), the cycle woken without its event, and the head timer off."""
         self._head_since = None
         self._linger = None
         self._disarm()
-        super().connection_lost(exc)
+        self.connections.discard(self)
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            prefix = "{}:{} - ".format(*self.client) if self.client else ""
+            self.logger.log(TRACE_LOG_LEVEL, "%sHTTP connection lost", prefix)
+        cycle = self.cycle
+        if cycle is not None:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.wake()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+            self._unset_keepalive_if_required()
+        self.parser = None  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         if self._linger is not None:  # refused: read and discard until the client is done
             self._linger = (self.loop.time(), self._linger[1])
             return
-        joined = self._joined
-        if joined is not None and joined._pending:  # the protocol may write (400) itself
-            joined.flush()
+        writing = self._writing
+        if writing is not None:  # the protocol may write (400) itself: the response first
+            writing.flush()
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -115,8 +156,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(431)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._message_begins()
+        """uvicorn's, without its scope (built with the cycle when the head is complete), and
+        the head timed (``_message_begins`` inlined)."""
+        self._ballast_in_body = False
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self._parsed_url = None
+        self._in_head = self._began = True
+        if self._head_since is None:
+            self._head_since = since = self.loop.time()
+            if self._head_timer is None:
+                self._arm(since + self.header_timeout_s)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's (0.55) ``on_header``; a field after the head is a trailer: dropped."""
+        if self._ballast_in_body:
+            return
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 5.5 excludes it)
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def _message_begins(self) -> None:
         """A request head began: time it (``ballast_asgi/server/wire.py`` calls this too)."""
@@ -125,32 +186,138 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_begins()
 
     def on_headers_complete(self) -> None:
-        if self.parser.get_method() == b"CONNECT" and not self.url.startswith(b"/"):
+        """uvicorn's (0.55) scope and request cycle, built here in one step (its
+        ``on_message_begin`` and ``on_headers_complete``: the same scope, the same cycle
+        guarantees, see ``cycle.py``), after the guards' checks of a complete head."""
+        parser = self.parser
+        method = parser.get_method()
+        url = self.url
+        if method == b"CONNECT" and not url.startswith(b"/"):
             self._in_head = False  # authority form: uvicorn would answer 400; refused as nginx
             self._refuse(405)
             return
+        self._ballast_in_body = True  # what follows the head is not a header (trailers)
         self._body_done = False
         self._in_head = self._began = False
         self._head_bytes = 0
         self._head_since = None  # the timer, if armed, finds nothing to do and lapses
-        before = self.cycle
-        super().on_headers_complete()
+        http_version = parser.get_http_version()
+        root_path = self.root_path
+        upgrade = parser.should_upgrade()
+        if upgrade and self._should_upgrade():  # a websocket: uvicorn's scope up to here
+            self.scope = self._scope(method, http_version)
+            return
+        parsed = self._parsed_url
+        if parsed is None:
+            parsed = httptools.parse_url(url)
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            "method": method.decode("ascii"),
+            "path": root_path + path,
+            "raw_path": root_path.encode("ascii") + raw_path,
+            "query_string": parsed.query or b"",
+        }
+        self.scope = scope  # type: ignore[assignment]
+        memo = self._memo
+        if memo[0] is not None:  # read at the wire and not shed: admission reuses it
+            scope[WIRE_READ] = memo[0]
+            memo[0] = None
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        else:
+            app = self.app
+        if upgrade:  # not switched: nothing after this head is read
+            self._unswitched = True
+        existing = self.cycle
+        self.cycle = cycle = ResponseCycle(
+            self,
+            scope,
+            not upgrade and http_version != "1.0" and parser.should_keep_alive(),
+            self.expect_100_continue,
+        )
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:  # pipelined: queued behind the response in progress
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]
+
+    def _scope(self, method: bytes, http_version: str) -> Any:
+        """uvicorn's scope of a request that switches to a websocket (no path: not read)."""
+        return {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            "method": method.decode("ascii"),
+        }
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, with its config and the task set's ``discard`` read once."""
+        if self._fresh_context:
+            task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self._discard)
+        self.tasks.add(task)
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's (0.55): the body kept for ``receive`` (reading paused past 64 KiB)."""
         cycle = self.cycle
-        if cycle is not before and cycle is not None:
-            if self.parser.should_upgrade():  # not switched: nothing after this head is read
-                cycle.keep_alive = False
-                self._unswitched = True
-            if self._joined is not None:
-                cycle.transport = self._joined  # type: ignore[assignment]
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        kept = cycle.body
+        if kept is None:
+            kept = cycle.body = bytearray(body)
+        else:
+            kept += body
+        if len(kept) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.wake()
 
     def on_response_complete(self) -> None:
-        if self._joined is not None:
-            self._joined.flush()
-        super().on_response_complete()
+        """uvicorn's (0.55): counted, reading resumed, the next pipelined request or the
+        keep-alive timeout (the cycle wrote its joined bytes before calling this)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def on_message_complete(self) -> None:
+        """uvicorn's (0.55): the body is complete; the guards' head count starts again."""
         self._body_done = True
-        super().on_message_complete()
+        cycle = self.cycle
+        if not (
+            (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete
+        ):
+            cycle.more_body = False
+            cycle.wake()
         self._in_head = True
         self._head_bytes = 0
 

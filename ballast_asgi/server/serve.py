@@ -2,8 +2,9 @@
 
 The server-side guards uvicorn lacks (a request-head timeout, a head size cap,
 lingering close after a refusal, closing after an unswitched upgrade) are the
-``GuardedHttpToolsProtocol`` of ``guarded.py``; its writes are joined per
-response (``JoinedWrites``, ``joined.py``). Both are re-exported here, where
+``GuardedHttpToolsProtocol`` of ``guarded.py``; its request cycle
+(``cycle.py``) joins each response's writes (as ``JoinedWrites``,
+``joined.py``, does for any transport). Both are re-exported here, where
 they always were (``--http ballast_asgi.server.serve:GuardedHttpToolsProtocol``
 keeps working). This module puts them in front of the gateway:
 

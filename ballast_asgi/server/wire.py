@@ -54,12 +54,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.shed import Shed, ShedHeaders
-from ballast_asgi.middleware.admission import WIRE_READ
 from ballast_asgi.server.serve import _TIMER_SLACK_S, GuardedHttpToolsProtocol
 
 #: What ``Gateway.shed_at_wire`` returns: the shed, status, Retry-After seconds, headers, body.
@@ -113,69 +112,20 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         self._close_when_read = False
         #: The connection is closing after such an answer: later requests are dropped.
         self._dropping = False
-        #: The head as the decision read it, for a request not shed (``at_wire.decide``).
-        self._memo: list[object] = [None]
-        #: uvicorn's per-request scope is still to be built (only for the ASGI way).
-        self._scope_due = False
-        self._ballast_in_body = False
         #: Keep-alive after an answer written here: idle since (loop time), and the timer.
         self._idle_since: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
-    def on_message_begin(self) -> None:
-        if self._at_wire is None:
-            super().on_message_begin()
-            return
-        # uvicorn's on_message_begin without its scope (built by ``_build_scope`` for a
-        # request that goes the ASGI way); ``_ballast_in_body``: the trailer guard of
-        # ``proxy/server.py`` (fields after the head are not headers). Then the guarded
-        # protocol's ``_message_begins`` inlined (one call less per request).
-        self._ballast_in_body = False
-        self.url = b""
-        self.expect_100_continue = False
-        self.headers = []
-        self._scope_due = True
-        self._in_head = self._began = True
-        if self._head_since is None:
-            self._head_since = since = self.loop.time()
-            if self._head_timer is None:
-                self._arm(since + self.header_timeout_s)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """uvicorn's (0.55) ``on_header`` behind ``proxy/server.py``'s trailer guard, in one
-        call instead of two (the guard wraps uvicorn's method)."""
-        if self._ballast_in_body:
-            return
-        name = name.lower()
-        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 5.5 excludes it)
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
-
-    def _build_scope(self) -> None:
-        """uvicorn's per-request scope, for a request that goes the ASGI way."""
-        if not self._scope_due:
-            return
-        self._scope_due = False
-        url, headers, expect = self.url, self.headers, self.expect_100_continue
-        HttpToolsProtocol.on_message_begin(self)
-        self.url, self.headers, self.expect_100_continue = url, headers, expect
-        self.scope["headers"] = headers
-
     def on_headers_complete(self) -> None:
         at_wire = self._at_wire
-        if at_wire is not None:
-            if self._dropping or self._answer_at_wire(at_wire):
-                # Answered (or, after a closing answer, never answered, as uvicorn does):
-                # its body is dropped, a chunked body's trailers are not headers.
-                self._shed_here = self._ballast_in_body = True
-                return
-            self._build_scope()
-            memo = self._memo
-            if memo[0] is not None:  # read at the wire and not shed: admission reuses it
-                self.scope[WIRE_READ] = memo[0]  # type: ignore[literal-required]
-                memo[0] = None
-        super().on_headers_complete()
+        if at_wire is not None and (self._dropping or self._answer_at_wire(at_wire)):
+            # Answered (or, after a closing answer, never answered, as uvicorn does):
+            # its body is dropped, a chunked body's trailers are not headers.
+            self._shed_here = self._ballast_in_body = True
+            return
+        # The ASGI way: the guarded protocol's scope and cycle (the target as parsed for the
+        # decision and what it read, ``_memo``, are reused there).
+        GuardedHttpToolsProtocol.on_headers_complete(self)
 
     def _answer_at_wire(self, at_wire: AtWire) -> bool:
         """Write the shed response when the app would shed this request; False: ASGI way.
@@ -199,7 +149,8 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         if method == b"CONNECT":
             return False
         try:
-            raw_path = httptools.parse_url(self.url).path
+            self._parsed_url = parsed = httptools.parse_url(self.url)  # kept for the scope
+            raw_path = parsed.path
             path = raw_path.decode("ascii")
         except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
             return False  # uvicorn answers it (400)
@@ -242,9 +193,7 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         self._in_head = self._began = False
         self._head_bytes = 0
         self._head_since = None
-        joined = self._joined
-        if joined is not None and joined._pending:
-            joined.flush()
+        # (Nothing joined is pending: no response is in progress, see above.)
         self.transport.write(data)
         self.server_state.total_requests += 1  # what uvicorn's on_response_complete counts
         if keep_alive:  # ``_idle_from`` inlined
@@ -265,18 +214,24 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
         if self._at_wire is None:
             super().on_response_complete()
             return
-        if self._joined is not None:
-            self._joined.flush()
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._unset_keepalive_if_required()
-        self.flow.resume_reading()
+        if self.timeout_keep_alive_task is not None:  # ``_unset_keepalive_if_required``
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        flow = self.flow
+        if flow.read_paused:  # ``flow.resume_reading``
+            flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         else:
-            self._idle_from(self.loop.time())
+            self._idle_since = now = self.loop.time()  # ``_idle_from`` inlined
+            if self._idle_timer is None:
+                self._idle_timer = self.loop.call_at(
+                    now + self.timeout_keep_alive, self._idle_check
+                )
 
     def _idle_from(self, now: float) -> None:
         """uvicorn's keep-alive timeout after a response, from ``now``, lazily: one timer per
@@ -306,17 +261,16 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._idle_since = None
-        joined = self._joined
         if (
             self._at_wire is None
             or self._linger is not None
             or self.timeout_keep_alive_task is not None
-            or (joined is not None and joined._pending)
+            or self._writing is not None
         ):
             super().data_received(data)
         else:
             # The guarded protocol's and uvicorn's ``data_received`` fused for the common
-            # read (not lingering, no keep-alive task, nothing joined to flush): one call
+            # read (not lingering, no keep-alive task, no joined bytes to flush): one call
             # instead of three per read (issue 31); the same steps in the same order.
             if self._in_head:
                 self._head_bytes += len(data)
@@ -343,11 +297,20 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        """The guarded protocol's (inlined: a call less per request), or the end of a
+        request answered here: its body was dropped, the connection closes if it must."""
+        self._body_done = True
         if not self._shed_here:
-            super().on_message_complete()
+            cycle = self.cycle
+            if not (
+                (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete
+            ):
+                cycle.more_body = False
+                cycle.wake()
+            self._in_head = True
+            self._head_bytes = 0
             return
         self._shed_here = False
-        self._body_done = True
         self._in_head = True
         self._head_bytes = 0
         if self._close_when_read:

@@ -15,8 +15,8 @@ disconnects mid-response and one that does not read (write backpressure).
 
 from __future__ import annotations
 
-import asyncio
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -37,6 +37,8 @@ CHUNK = b"c" * 30_000
 HUGE = 256 * 65536
 #: What the app saw of the connections it served (disconnects, sends after them).
 SEEN: dict[str, Any] = {}
+#: Set by the app (server thread) when ``/slow`` has finished its stream.
+SLOW_DONE = threading.Event()
 
 
 async def _body(receive: Receive) -> bytes:
@@ -112,12 +114,14 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     elif path == "/slow":
         await start(200, [(b"content-type", b"text/plain")])
         await body(b"first", True)
-        await asyncio.sleep(0.05)
-        for _ in range(200):
+        await receive()  # the (empty) request body
+        gone = await receive()  # returns once the client has closed: no timer involved
+        assert gone == {"type": "http.disconnect"}
+        for _ in range(200):  # sent into the void: dropped by the server
             await body(b"x" * 1000, True)
-            await asyncio.sleep(0.005)
         await body(b"")
         SEEN["slow"] = await receive()
+        SLOW_DONE.set()
     elif path == "/huge":  # 16 MiB: far more than the socket buffers hold
         await start(200, [(b"content-length", str(HUGE).encode())])
         for i in range(256):
@@ -235,14 +239,12 @@ def test_a_client_gone_mid_response_costs_nothing_more(ports: list[int]) -> None
     disconnect, and the server serves the next connection."""
     for port in ports[1:]:
         SEEN.pop("slow", None)
+        SLOW_DONE.clear()
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.sendall(get("/slow", b"\r\n"))
             first = sock.recv(65536)
             assert first.startswith(b"HTTP/1.1 200 OK\r\n")
-        limit = time.monotonic() + 10
-        while "slow" not in SEEN:  # the app finishes its stream into the void, bounded
-            assert time.monotonic() < limit, "the app never finished"
-            time.sleep(0.01)
+        assert SLOW_DONE.wait(10), "the app never finished"  # woken by the app, not a timer
         assert SEEN["slow"] == {"type": "http.disconnect"}
         assert exchange(port, LAST).endswith(b"\r\n\r\nok")
 

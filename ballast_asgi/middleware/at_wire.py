@@ -143,8 +143,7 @@ class WireDecision:
         if has_body:
             return None
         limiter = self.limiter
-        # ``limit_key``, inlined for a route of its own
-        key = route.name if route.source != "overflow" else limit_key(route, path)
+        key = limit_key(route, path)
         full = limiter.full(now, key)
         if full is None:
             return None

@@ -110,12 +110,7 @@ class Pipeline:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
                 await stages.body.stage.run(stages.body.app, scope, receive, send, ctx)
                 return
-            route = ctx.route  # ``limit_route``, inlined
-            key = (
-                route.name
-                if route is not None and route.source != "overflow"
-                else limit_key(route, scope.get("path"))
-            )
+            key = limit_key(ctx.route, scope.get("path"))
             now = self._clock()
             permit = self._limiter.try_acquire(now, key)
             if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed

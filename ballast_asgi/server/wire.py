@@ -297,19 +297,12 @@ class WireShedProtocol(GuardedHttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        """The guarded protocol's (inlined: a call less per request), or the end of a
-        request answered here: its body was dropped, the connection closes if it must."""
-        self._body_done = True
+        """The guarded protocol's, or the end of a request answered here: its body was
+        dropped, the connection closes if it must."""
         if not self._shed_here:
-            cycle = self.cycle
-            if not (
-                (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete
-            ):
-                cycle.more_body = False
-                cycle.wake()
-            self._in_head = True
-            self._head_bytes = 0
+            super().on_message_complete()
             return
+        self._body_done = True
         self._shed_here = False
         self._in_head = True
         self._head_bytes = 0

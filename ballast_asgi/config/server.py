@@ -40,6 +40,10 @@ class ServerConfig(Frozen):
     #: (the gateway form; ``ballast_asgi/server/wire.py``). False: every request goes
     #: through uvicorn's ASGI cycle and the stages, as before.
     shed_at_wire: bool = True
+    #: Serve the common proxied request (no body, one upstream, an idle pooled upstream
+    #: connection) from the server protocol with callbacks, without an ASGI task
+    #: (``ballast_asgi/gateway/lane.py``, ADR 0020). False: the ASGI path, as before.
+    lane: bool = True
     #: Open connections (and running requests) above which uvicorn answers 503.
     max_connections: int = Field(10_000, ge=1, le=1_000_000)
     #: PEM certificate chain and key: serve TLS (https) on the traffic and admin ports.

@@ -39,9 +39,11 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.types import ASGIApp, Clock, Scope
 from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.discovery.runtime import DiscoveryRuntime
+from ballast_asgi.gateway.lane import Lane
 from ballast_asgi.gateway.parts import NO_POOL, Parts, PoolFacts, build_parts, reconfigure_parts
 from ballast_asgi.gateway.pools import build_pool, canary_selector, pool_selector
 from ballast_asgi.gateway.stack import build_stack
+from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.access_log import AccessLog
 from ballast_asgi.ops.admin import AdminRouter
 from ballast_asgi.proxy.app import ProxyApp
@@ -176,6 +178,9 @@ class Stack:
     #: Requests outside the admin prefix go here directly (one coroutine level less,
     #: issue 18); None with the access log on (everything goes through it).
     direct: ASGIApp | None
+    #: Serves the common proxied request with callbacks (``lane.py``); None: no lane
+    #: (``server.lane`` off, or a stack it does not serve: see ``_lane``).
+    lane: Lane | None = None
 
 
 def compose(
@@ -207,7 +212,20 @@ def compose(
     router = admin(stack)
     classify = _tier(live.websockets)
     app: ASGIApp = AccessLog(router, classify=classify) if logged else router
-    return Stack(config, app, router, None if logged else stack)
+    return Stack(config, app, router, None if logged else stack, _lane(config, live, stack))
+
+
+def _lane(config: GatewayConfig, live: Live, stack: ASGIApp) -> Lane | None:
+    """The lane of a plain stack: the fused pipeline straight around the proxy (no access
+    log, no discovery, no canary, no pool, no rate limit), ``server.lane`` on."""
+    if not config.server.lane or not isinstance(stack, Pipeline):
+        return None
+    stages = stack.stages
+    if stages.ratelimit is not None or stages.breaker.app is not live.proxy_app:
+        return None
+    if live.pool is not None or live.canary is not None or live.discovery is not None:
+        return None
+    return Lane(stack, live.proxy_app)
 
 
 def _tier(websockets: WebSocketProxy) -> Callable[[Scope], str | None]:

@@ -54,19 +54,18 @@ from ballast_asgi.core.forwarded import (
     rewritten_by_server,
 )
 from ballast_asgi.core.redact import redact_userinfo
-from ballast_asgi.core.shed import Shed, ShedHeaders
-from ballast_asgi.core.types import ASGIApp, Clock, Message, RawHeaders, Receive, Scope, Send
+from ballast_asgi.core.types import ASGIApp, Clock, Message, Receive, Scope, Send
 from ballast_asgi.discovery.core.model import Instance
 from ballast_asgi.gateway.compose import build_live, compose
+from ballast_asgi.gateway.hooks import ServerHooks
 from ballast_asgi.gateway.views import GatewayViews
-from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.admin import AdminRouter, Route, relative_path
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 from ballast_asgi.upstreams.core.instance import InstanceSpec
 
 
-class Gateway(GatewayViews):
+class Gateway(GatewayViews, ServerHooks):
     """The composed gateway: an ASGI app with admin endpoints, snapshot and reload."""
 
     def __init__(
@@ -174,37 +173,6 @@ class Gateway(GatewayViews):
             self._handle_sighup()
             send = freeze_after_startup(send)
         await stack.app(scope, receive, send)
-
-    def shed_at_wire(
-        self, method: str, path: str, raw_path: bytes, headers: RawHeaders, host: str | None,
-        root_path: str = "", memo: list[object] | None = None,
-    ) -> tuple[Shed, int, int, ShedHeaders, bytes] | None:  # fmt: skip
-        """A request head the stages would shed now: the shed, counted, and its response
-        (status, Retry-After seconds, headers, body); None: serve it the ordinary way.
-
-        Called by the server protocol (``ballast_asgi/server/wire.py``) before any
-        ASGI work. Only the plain form decides here (the fused pipeline straight
-        behind the admin prefix: no access log, no discovery wrapper); a path under
-        the admin prefix, a peer that is a trusted proxy and a server that may have
-        rewritten the client address go the ordinary way. ``memo``: see
-        ``middleware/at_wire.py`` (the head read once for a request that is not shed).
-        """
-        current = self.stack  # read once, like a request (ADR 0019)
-        stack = current.direct
-        if not isinstance(stack, Pipeline) or self.server_may_rewrite:
-            return None
-        if self.forwarded.networks and self.forwarded.is_trusted(host):
-            return None
-        prefix = current.router.passing  # ``AdminRouter.passes``, inlined
-        if prefix is None or (
-            relative_path({"path": path, "root_path": root_path}) if root_path else path
-        ).startswith(prefix):
-            return None
-        shed = stack.wire.decide(method, path, raw_path, headers, host, memo)  # decide_at_wire
-        if shed is None:
-            return None
-        status, seconds, shed_headers, body = stack.responder.response(shed)
-        return shed, status, seconds, shed_headers, body
 
     def _peer(self, scope: Scope) -> Scope:
         """Keep ``client`` the direct peer; add the originating client for trusted proxies."""

@@ -91,7 +91,11 @@ class BreakerStage:
         breaker = self.breakers.get(None if route is None else route.name)
         now = self._clock()
         client = client_ip(scope)
-        ticket = breaker.acquire(now, client)
+        ticket = None if ctx is None else ctx.ticket
+        if ticket is not None:  # taken by the lane before it handed the request on
+            ctx.ticket = None  # type: ignore[union-attr]
+        else:
+            ticket = breaker.acquire(now, client)
         if ticket is None:
             priority = self._responder.priority_of(ctx)
             shed = Shed(ShedReason.BREAKER_OPEN, priority, breaker.retry_after_s(now))
@@ -106,11 +110,7 @@ class BreakerStage:
                 if ctx is None:
                     self._settle(ticket, status_outcome(status, failure_statuses), client)
                 else:
-                    if ctx.outcome is None:  # the producer (proxy, handler) recorded it before
-                        ctx.record_status(status)
-                    self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR, client)
-                    if ctx.learn_route is not None and ctx.outcome in _ANSWERED:
-                        ctx.learn_route(scope["path"], status)  # on ``other``: known segment?
+                    self.at_head(ticket, ctx, status, client, scope["path"])
             return send(message)
 
         try:
@@ -119,6 +119,20 @@ class BreakerStage:
             if not ticket.settled:
                 recorded = None if ctx is None else ctx.outcome
                 self._settle(ticket, recorded or AttemptOutcome.GATEWAY_ERROR, client)
+
+    def at_head(
+        self, ticket: Ticket, ctx: RequestContext, status: int, client: str | None, path: str
+    ) -> None:
+        """The attempt's response head is sent: settle its ticket (the lane calls this too)."""
+        if ctx.outcome is None:  # the producer (proxy, handler) recorded it before
+            ctx.record_status(status)
+        self._settle(ticket, ctx.outcome or AttemptOutcome.GATEWAY_ERROR, client)
+        if ctx.learn_route is not None and ctx.outcome in _ANSWERED:
+            ctx.learn_route(path, status)  # on ``other``: a known segment?
+
+    def settle(self, ticket: Ticket, outcome: AttemptOutcome, client: str | None) -> None:
+        """Settle ``ticket`` by ``outcome`` (its verdict: success, failure or neutral)."""
+        self._settle(ticket, outcome, client)
 
     def _settle(self, ticket: Ticket, outcome: AttemptOutcome, client: str | None) -> None:
         verdict = breaker_verdict(outcome)

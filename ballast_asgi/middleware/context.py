@@ -22,7 +22,9 @@ Who writes what (one writer per field):
   ``outcome`` and ``rtt_s`` through ``record``, once per attempt, before the
   response head is sent;
   (``record_status`` for a response head);
-* the shed point (``ShedResponder``): ``shed_reason`` / ``would_shed``.
+* the shed point (``ShedResponder``): ``shed_reason`` / ``would_shed``;
+* the lane (``gateway/lane.py``), handing a request it began to the ASGI path:
+  ``ticket`` (taken by the breaker stage) and ``prefetched`` (taken by the proxy).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ballast_asgi.core.errors import ContextMissingError
 from ballast_asgi.core.head import NO_HEAD, RequestHead
@@ -45,6 +47,7 @@ from ballast_asgi.core.priority import Priority
 from ballast_asgi.core.types import Clock, Scope
 
 if TYPE_CHECKING:
+    from ballast_asgi.core.breaker_ticket import Ticket
     from ballast_asgi.core.limiter import Permit
     from ballast_asgi.core.routes import Route
 
@@ -89,6 +92,12 @@ class RequestContext:
     #: Set by admission on a request of the route ``other``: ``(path, status)`` of a
     #: response head, so the route table can give a known segment its group.
     learn_route: Callable[[str, int], None] | None = None
+    #: The lane (``gateway/lane.py``) took the first attempt's breaker ticket and handed
+    #: the request to the ASGI path: the breaker stage uses this ticket, once.
+    ticket: Ticket | None = None
+    #: ... and sent the first attempt: ``(upstream, its result as a done future, the
+    #: clock when it was sent)``; the proxy takes it, once, instead of calling again.
+    prefetched: tuple[Any, Any, float] | None = None
 
     def record(self, outcome: AttemptOutcome, rtt_s: float | None = None) -> None:
         """Record how the current attempt ended; the first record of an attempt wins."""

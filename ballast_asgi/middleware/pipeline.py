@@ -24,20 +24,25 @@ plays one script through both. Non-HTTP scopes (lifespan) go through the chain.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from ballast_asgi.core.errors import HeaderError
+from ballast_asgi.core.limiter import Permit
 from ballast_asgi.core.shed import Shed
 from ballast_asgi.core.types import RawHeaders, Receive, Scope, Send
 from ballast_asgi.middleware import at_wire
-from ballast_asgi.middleware.admission import AdmissionMiddleware
+from ballast_asgi.middleware.admission import AdmissionMiddleware, AdmissionStage
 from ballast_asgi.middleware.body import BodyMiddleware
 from ballast_asgi.middleware.breaker import BreakerMiddleware
 from ballast_asgi.middleware.capacity import CapacityMiddleware
 from ballast_asgi.middleware.concurrency import ConcurrencyMiddleware, finish
+from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.middleware.limit_route import limit_key
 from ballast_asgi.middleware.queueing import QueueMiddleware
 from ballast_asgi.middleware.ratelimit import RateLimitMiddleware
+from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.middleware.retry import RetryMiddleware
 
 
@@ -53,6 +58,22 @@ class Stages:
     concurrency: ConcurrencyMiddleware
     retry: RetryMiddleware | None
     breaker: BreakerMiddleware
+
+
+#: A request ``Pipeline.enter`` gave its capacity slot and permit: context, scope, permit.
+Entered = tuple[RequestContext, Scope, Permit]
+#: What runs instead, on the ASGI path: ``await cont(receive, send)``.
+Continue = Callable[[Receive, Send], Awaitable[None]]
+
+
+async def _refuse(
+    admission: AdmissionStage, exc: HeaderError, receive: Receive, send: Send
+) -> None:
+    await admission.refuse(send, exc)
+
+
+async def _shed(responder: ShedResponder, shed: Shed, receive: Receive, send: Send) -> None:
+    await responder.shed(send, shed)
 
 
 class Pipeline:
@@ -81,58 +102,119 @@ class Pipeline:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        stages = self.stages
+        entered = self.enter(scope)
+        if entered.__class__ is tuple:
+            await self.permitted(entered, None, receive, send)
+        else:
+            await entered(receive, send)  # type: ignore[operator]
+
+    def enter(self, scope: Scope) -> Entered | Continue:
+        """The stages up to the permit, without waiting: ``(ctx, scope, permit)`` of a request
+        that holds its capacity slot and its permit (``permitted`` runs the rest), or what
+        runs instead, as ``await cont(receive, send)``: a refusal, a shed, the rate-limit
+        check, the body stage, the queue's wait. Everything counted here is counted once,
+        whoever runs the rest (the ASGI path, or the lane: ``gateway/lane.py``)."""
         admission = self._admission
         admitted = admission.admit(scope)  # ``AdmissionStage.enter``, inlined
         if admitted.__class__ is not tuple:
             if isinstance(admitted, HeaderError):
-                await admission.refuse(send, admitted)
-            else:  # enforcing: answered before any context is built
-                await admission.responder.shed(send, admitted)  # type: ignore[arg-type]
-            return
+                return partial(_refuse, admission, admitted)
+            return partial(_shed, admission.responder, admitted)  # type: ignore[arg-type]
         ctx, scope, shed = admitted
         if shed is not None:
-            await admission.responder.act(shed, ctx, self._admission_app, scope, receive, send)
-            return
-        limited = stages.ratelimit
-        if limited is not None:
-            send, shed = await limited.stage.check(scope, send)
-            if shed is not None:
-                await limited.stage.responder.act(shed, ctx, limited.app, scope, receive, send)
-                return
+            return partial(admission.responder.act, shed, ctx, self._admission_app, scope)
+        if self.stages.ratelimit is not None:
+            return partial(self._limited, ctx, scope)
+        return self._held_and_permit(ctx, scope)
+
+    def _held_and_permit(self, ctx: RequestContext, scope: Scope) -> Entered | Continue:
+        """Capacity, then (a request without a body) a permit; what runs instead."""
+        stages = self.stages
         held = self._held
         if not held.try_enter(ctx.priority):
-            await self._capacity.refuse(
-                ctx, ctx.priority, stages.capacity.app, scope, receive, send
-            )
-            return
+            capacity = self._capacity
+            return partial(capacity.refuse, ctx, ctx.priority, stages.capacity.app, scope)
         try:
             if ctx.head.has_body:  # buffered by the body stage, which runs the chain on
-                await stages.body.stage.run(stages.body.app, scope, receive, send, ctx)
-                return
+                return partial(self._body, ctx, scope)
             key = limit_key(ctx.route, scope.get("path"))
             now = self._clock()
             permit = self._limiter.try_acquire(now, key)
-            if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
-                queue = stages.queue
-                if queue is not None:
-                    await queue.stage.wait_then_run(queue.app, scope, receive, send, ctx, now)
-                else:
-                    await self._concurrency.refuse(
-                        ctx, stages.concurrency.app, scope, receive, send
-                    )
-                return
-            ctx.permit = permit
-            retry = self._retry
+        except BaseException:
+            held.leave()
+            raise
+        if permit is None:  # the queue's wait, or the concurrency stage's ``limit`` shed
+            if stages.queue is not None:
+                return partial(self._wait, ctx, scope, now)
+            return partial(self._limit, ctx, scope)
+        ctx.permit = permit
+        return ctx, scope, permit
+
+    async def permitted(
+        self, entered: Entered, retrying: bool | None, receive: Receive, send: Send
+    ) -> None:
+        """The rest of a request ``enter`` gave its permit: every attempt (retry and breaker
+        stages, the inner app), then the permit released and the capacity slot left.
+
+        ``retrying``: None to ask the retry stage (``RetryStage.begin``, which counts an
+        original); the lane passes what it already asked."""
+        ctx, scope, permit = entered
+        stages = self.stages
+        try:
             try:
-                if retry is not None and retry.begin(scope, ctx):
-                    await retry.attempts(stages.breaker, scope, receive, send, ctx)
+                retry = self._retry
+                if retrying is None:
+                    retrying = retry is not None and retry.begin(scope, ctx)
+                if retrying:
+                    await retry.attempts(stages.breaker, scope, receive, send, ctx)  # type: ignore[union-attr]
                 else:
                     await self._breaker.attempt(stages.breaker.app, scope, receive, send, ctx)
             finally:
                 finish(permit, ctx, self._clock())
         finally:
-            held.leave()
+            self._held.leave()
+
+    async def _limited(
+        self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """The rate-limit check (it may await Redis), then the stages after it."""
+        limited = self.stages.ratelimit
+        assert limited is not None
+        send, shed = await limited.stage.check(scope, send)
+        if shed is not None:
+            await limited.stage.responder.act(shed, ctx, limited.app, scope, receive, send)
+            return
+        entered = self._held_and_permit(ctx, scope)
+        if entered.__class__ is tuple:
+            await self.permitted(entered, None, receive, send)
+        else:
+            await entered(receive, send)  # type: ignore[operator]
+
+    async def _body(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """The body stage (it reads the body, then runs the chain on), then the slot left."""
+        body = self.stages.body
+        try:
+            await body.stage.run(body.app, scope, receive, send, ctx)
+        finally:
+            self._held.leave()
+
+    async def _wait(
+        self, ctx: RequestContext, scope: Scope, now: float, receive: Receive, send: Send
+    ) -> None:
+        """The queue's wait (it runs the chain on with the permit it gets), then the slot left."""
+        queue = self.stages.queue
+        assert queue is not None
+        try:
+            await queue.stage.wait_then_run(queue.app, scope, receive, send, ctx, now)
+        finally:
+            self._held.leave()
+
+    async def _limit(self, ctx: RequestContext, scope: Scope, receive: Receive, send: Send) -> None:
+        """The concurrency stage's ``limit`` shed (no queue), then the slot left."""
+        try:
+            await self._concurrency.refuse(ctx, self.stages.concurrency.app, scope, receive, send)
+        finally:
+            self._held.leave()
 
     def decide_at_wire(
         self,

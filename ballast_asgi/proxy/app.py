@@ -150,77 +150,88 @@ class ProxyApp:
             await self._not_http(scope, receive, send)
             return
         ctx = find_context(scope)
-        if ctx is not None and ctx.head is not NO_HEAD:
-            head = ctx.head  # admission checked the target and read the head, once
-        elif not origin_form(scope):
-            await self._relay.refuse(send, ctx, 400, BAD_TARGET)
-            return
-        else:
-            try:  # no admission stage: the one parser, with the same refusals
-                head = read_head(scope["headers"], _FRAMING_ONLY, scope["method"])
-            except HeaderError as exc:
-                if ctx is not None:
-                    ctx.record(AttemptOutcome.GATEWAY_ERROR)
-                await send_refusal(send, exc)
-                return
-        length = head.content_length
-        limit = self.config.max_body_bytes
-        if length is not None and length > limit:
-            await self._relay.refuse(send, ctx, 413, too_large(limit))
-            return
-        headers = request_headers(scope, ctx is not None and ctx.deadline is not None)
         source: RequestBodyStream | None = None
-        if head.chunked or (length is not None and length > self.config.request_buffer_bytes):
-            source = RequestBodyStream(receive, limit, length)  # held to exactly ``length``
-            headers.append(_CHUNKED if length is None else _length_header(length))
-            stream: httpx.AsyncByteStream | bytes = source
+        prefetched = None if ctx is None else ctx.prefetched
+        if prefetched is not None:  # sent by the lane (``gateway/lane.py``): its result
+            ctx.prefetched = None  # type: ignore[union-attr]
+            upstream, call, started = prefetched
+            host = ctx.head.host  # type: ignore[union-attr]
+            head_s = None
+            selector = self.selector
         else:
-            message = await receive()  # the common case: the whole body in one message
-            if message["type"] == "http.request" and not message.get("more_body", False):
-                body = message.get("body", b"")
-                if len(body) > limit:
-                    body = None
+            if ctx is not None and ctx.head is not NO_HEAD:
+                head = ctx.head  # admission checked the target and read the head, once
+            elif not origin_form(scope):
+                await self._relay.refuse(send, ctx, 400, BAD_TARGET)
+                return
             else:
-                try:
-                    body = await read_body(receive, limit, message)
-                except ClientGone:
-                    gone(ctx)
+                try:  # no admission stage: the one parser, with the same refusals
+                    head = read_head(scope["headers"], _FRAMING_ONLY, scope["method"])
+                except HeaderError as exc:
+                    if ctx is not None:
+                        ctx.record(AttemptOutcome.GATEWAY_ERROR)
+                    await send_refusal(send, exc)
                     return
-            if body is None:
+            length = head.content_length
+            limit = self.config.max_body_bytes
+            if length is not None and length > limit:
                 await self._relay.refuse(send, ctx, 413, too_large(limit))
                 return
-            if length is not None and len(body) != length:
-                await self._relay.refuse(send, ctx, 400, MISMATCH)
+            headers = request_headers(scope, ctx is not None and ctx.deadline is not None)
+            if head.chunked or (length is not None and length > self.config.request_buffer_bytes):
+                source = RequestBodyStream(receive, limit, length)  # held to exactly ``length``
+                headers.append(_CHUNKED if length is None else _length_header(length))
+                stream: httpx.AsyncByteStream | bytes = source
+            else:
+                message = await receive()  # the common case: the whole body in one message
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    body = message.get("body", b"")
+                    if len(body) > limit:
+                        body = None
+                else:
+                    try:
+                        body = await read_body(receive, limit, message)
+                    except ClientGone:
+                        gone(ctx)
+                        return
+                if body is None:
+                    await self._relay.refuse(send, ctx, 413, too_large(limit))
+                    return
+                if length is not None and len(body) != length:
+                    await self._relay.refuse(send, ctx, 400, MISMATCH)
+                    return
+                if body or length is not None:  # framed by the bytes read, whatever was sent
+                    headers.append(_length_header(len(body)))
+                stream = body
+            host = head.host
+            timeout, deadline_ms = deadline_timeouts(ctx, self.clock, self.config,
+                                                     self._default_timeout)  # fmt: skip
+            if timeout is None:
+                if ctx is not None:
+                    ctx.record(AttemptOutcome.DEADLINE)
+                await self._relay.failure(send, "deadline")
                 return
-            if body or length is not None:  # framed by the bytes read, whatever was declared
-                headers.append(_length_header(len(body)))
-            stream = body
-        host = head.host
-        timeout, deadline_ms = deadline_timeouts(ctx, self.clock, self.config,
-                                                 self._default_timeout)  # fmt: skip
-        if timeout is None:
-            if ctx is not None:
-                ctx.record(AttemptOutcome.DEADLINE)
-            await self._relay.failure(send, "deadline")
-            return
-        if deadline_ms is not None:
-            headers.append((DEADLINE, deadline_ms))
-        tried: tuple[object, ...] = () if ctx is None else ctx.tried_upstreams
-        selector = self.selector
-        upstream = selector.choose(ctx, tried)  # type: ignore[arg-type]  # (no cast call)
-        public = client_host(scope, host) if self.config.preserve_host else None
-        headers.insert(0, (b"host", public or upstream.netloc))
-        limits = self._default_limits if timeout is self._default_timeout else None
-        connections = self.connections
-        call = direct_call(connections.direct, scope, upstream, headers, stream, timeout, limits)
-        if call is None:
-            request = httpx_request(scope, upstream, headers, stream, timeout, source)
-            call = connections.send_httpx(request)
-        head_s = timeout["read"] if "total" in timeout and not connections.bounds_total else None
+            if deadline_ms is not None:
+                headers.append((DEADLINE, deadline_ms))
+            tried: tuple[object, ...] = () if ctx is None else ctx.tried_upstreams
+            selector = self.selector
+            upstream = selector.choose(ctx, tried)  # type: ignore[arg-type]  # (no cast call)
+            public = client_host(scope, host) if self.config.preserve_host else None
+            headers.insert(0, (b"host", public or upstream.netloc))
+            limits = self._default_limits if timeout is self._default_timeout else None
+            connections = self.connections
+            call = direct_call(
+                connections.direct, scope, upstream, headers, stream, timeout, limits
+            )
+            if call is None:
+                request = httpx_request(scope, upstream, headers, stream, timeout, source)
+                call = connections.send_httpx(request)
+            bounded = "total" in timeout and not connections.bounds_total
+            head_s = timeout["read"] if bounded else None
+            started = self.clock()
         # The attempt, up to the checked response head (bounded by ``head_s``), recorded
         # once; a head ``response_head`` refuses is a protocol error (502). Inline: no
         # coroutine per layer on the common path.
-        started = self.clock()
         try:
             if head_s is None:
                 response = await call

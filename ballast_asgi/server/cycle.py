@@ -52,6 +52,21 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _NO_BODY = (204, 304)
 
 
+#: uvicorn's 500 (plain text, ``connection: close``), as its two messages.
+_500 = (
+    {
+        "type": "http.response.start",
+        "status": 500,
+        "headers": [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", b"21"),
+            (b"connection", b"close"),
+        ],
+    },
+    {"type": "http.response.body", "body": b"Internal Server Error", "more_body": False},
+)
+
+
 def _noop() -> None:
     """What ``on_response`` becomes once the app returned (uvicorn's ``lambda: None``)."""
 
@@ -187,29 +202,38 @@ class ResponseCycle:
         finally:
             self.on_response = _noop
 
+    def fail(self, exc: BaseException) -> None:
+        """``run_asgi``'s answer to an app that raised, without waiting (the lane's): logged,
+        uvicorn's 500 when nothing was sent yet, else the connection closed."""
+        self.protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
+        if not self.response_started:
+            for message in _500:
+                self.deliver(message)
+        else:
+            self._close()
+
     async def send_500_response(self) -> None:
         """uvicorn's 500 (plain text, ``connection: close``)."""
-        await self.send(
-            {
-                "type": "http.response.start",
-                "status": 500,
-                "headers": [
-                    (b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", b"21"),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await self.send(
-            {"type": "http.response.body", "body": b"Internal Server Error", "more_body": False}
-        )
+        for message in _500:
+            await self.send(message)
 
     # ASGI interface
     async def send(self, message: Any) -> None:
         """uvicorn's ``send``: the same checks, the same bytes, joined."""
-        flow = self.flow
-        if flow.write_paused and not self.disconnected:
-            await flow.drain()
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        self.deliver(message)
+
+    def start(self, app: Any) -> None:
+        """Run ``app`` for this cycle's request as an ASGI task (uvicorn's way): the lane
+        (``gateway/lane.py``) hands a request it began to the ASGI path with this."""
+        self.protocol._start_asgi_task(self, app)
+
+    def deliver(self, message: Any) -> None:
+        """``send`` once the transport takes writes: the message's bytes, now (joined).
+
+        The lane calls it directly, only while ``flow.write_paused`` is false (else it
+        hands the request to the ASGI path, whose ``send`` waits)."""
         if self.disconnected:
             return
         if not self.response_started:
@@ -219,17 +243,7 @@ class ResponseCycle:
                 )
             self.response_started = True
             self.waiting_for_100_continue = False
-            data = self._head(message)
-            # ``_write`` inlined: the head is the cycle's first joined write.
-            self._pending = [data]
-            self._size = len(data)
-            protocol = self.protocol
-            protocol._writing = self
-            if len(data) >= _JOIN_LIMIT:
-                self.flush()
-            else:
-                self._scheduled = True
-                protocol.loop.call_soon(self._flush_soon)
+            self._pend_head(self._head(message))
         elif not self.response_complete:
             if message["type"] != "http.response.body":
                 raise RuntimeError(
@@ -274,6 +288,53 @@ class ResponseCycle:
                 f"Unexpected ASGI message '{message['type']}' sent, "
                 "after response already completed."
             )
+
+    def _pend_head(self, data: bytes) -> None:
+        """``_write`` of the head, inlined: the cycle's first joined write."""
+        self._pending = [data]
+        self._size = len(data)
+        protocol = self.protocol
+        protocol._writing = self
+        if len(data) >= _JOIN_LIMIT:
+            self.flush()
+        else:
+            self._scheduled = True
+            protocol.loop.call_soon(self._flush_soon)
+
+    def deliver_whole(self, status: int, headers: Any, body: bytes) -> None:
+        """``deliver`` of a response head and its whole body (one last body message), as
+        one write when the connection stays open: the lane's answer (``gateway/lane.py``).
+
+        The same bytes, checks and state as the two messages through ``deliver``; a
+        response that is not the plain case (HEAD, chunked, a body that is not the head's
+        Content-Length, a connection that closes after it) goes through ``deliver``."""
+        if self.disconnected or self.response_started:
+            self.deliver({"type": "http.response.start", "status": status, "headers": headers})
+            self.deliver({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        head = self._head({"type": "http.response.start", "status": status, "headers": headers})
+        if (
+            not self.keep_alive
+            or self.chunked_encoding
+            or self.expected_content_length != len(body)
+            or self.scope["method"] == "HEAD"
+        ):
+            self._pend_head(head)
+            self.deliver({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        self.expected_content_length = 0
+        self.response_complete = True
+        event = self.message_event  # ``wake`` inlined
+        if event is None:
+            self._set = True
+        else:
+            event.set()
+        transport = self.transport
+        if not transport.is_closing():
+            transport.write(head + body)  # what ``flush`` writes of the two joined messages
+        self.on_response()
 
     def _head(self, message: Any) -> bytes:
         """The status line and headers of ``http.response.start`` (uvicorn's loop, fused)."""

@@ -116,6 +116,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_done = True
         #: A protocol switch was asked and not made: httptools parses nothing more here.
         self._unswitched = False
+        #: The app's lane (``Gateway.serve_in_lane``, ADR 0020): given a request's scope and
+        #: cycle, it serves the request itself (True) or leaves it to the ASGI task.
+        self._lane: Any = getattr(self.app, "serve_in_lane", None)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -250,7 +253,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.expect_100_continue,
         )
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, app)
+            lane = self._lane  # the app's lane (ADR 0020) takes the request, or the task runs
+            if lane is None or upgrade or app is not self.app or not lane(scope, cycle):
+                self._start_asgi_task(cycle, app)
         else:  # pipelined: queued behind the response in progress
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, app))  # type: ignore[arg-type]

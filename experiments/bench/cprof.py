@@ -62,11 +62,16 @@ def report(stats: pstats.Stats, responses: int, top: int) -> list[str]:
     total = sum(v[2] for v in raw.values()) or 1.0
     per = 1e6 / max(responses, 1)
     rows = sorted(raw.items(), key=lambda kv: -kv[1][2])[:top]
-    out = [f"{responses:,} responses; own time {total:.2f} s under the profiler", "",
-           "| own us/resp | own % | function |", "| --- | --- | --- |"]  # fmt: skip
+    calls = sum(v[1] for v in raw.values()) / max(responses, 1)
+    out = [f"{responses:,} responses; own time {total:.2f} s under the profiler; "
+           f"{calls:.0f} function calls per response (Python and C)", "",
+           "| own us/resp | own % | calls/resp | function |",
+           "| --- | --- | --- | --- |"]  # fmt: skip
     for (file, line, name), v in rows:
         where = f"{file.rsplit('site-packages/', 1)[-1].rsplit('/work/', 1)[-1]}:{line}"
-        out.append(f"| {v[2] * per:.2f} | {100 * v[2] / total:.1f} | `{name}` ({where}) |")
+        n = v[1] / max(responses, 1)
+        share = 100 * v[2] / total
+        out.append(f"| {v[2] * per:.2f} | {share:.1f} | {n:.2f} | `{name}` ({where}) |")
     groups: dict[str, float] = {}
     for (file, _, _), v in raw.items():
         groups[component(file)] = groups.get(component(file), 0.0) + v[2]

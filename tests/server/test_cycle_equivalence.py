@@ -129,3 +129,44 @@ def test_the_same_bytes_errors_and_state_as_uvicorns_send(**case: Any) -> None:
 
     theirs, ours = asyncio.run(both())
     assert ours == theirs
+
+
+async def whole(way: str, case: dict[str, Any]) -> tuple[Any, ...]:
+    """A head and one last body message through ``deliver`` twice, or ``deliver_whole``."""
+    transport = FakeTransport()
+    protocol = FakeProtocol(transport, case["defaults"])
+    scope = {"method": case["method"], "http_version": "1.1"}
+    cycle = ResponseCycle(protocol, scope, case["keep_alive"], False)  # type: ignore[arg-type]
+    error = None
+    try:
+        if way == "whole":
+            cycle.deliver_whole(case["status"], case["headers"], case["body"])
+        else:
+            cycle.deliver({"type": "http.response.start", "status": case["status"],
+                           "headers": case["headers"]})  # fmt: skip
+            cycle.deliver({"type": "http.response.body", "body": case["body"], "more_body": False})
+    except Exception as exc:
+        error = (type(exc), str(exc))
+    cycle.flush()  # what the next loop turn writes
+    state = (cycle.keep_alive, cycle.chunked_encoding, cycle.expected_content_length)
+    return (transport.data, transport.closed, error, cycle.response_complete, state,
+            protocol.responses, cycle.response_started)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    headers=st.lists(header, max_size=5),
+    body=st.sampled_from([b"", b"o", b"ok", b"okay!", b"x" * 70_000]),
+    method=st.sampled_from(["GET", "HEAD"]),
+    status=st.sampled_from([200, 204, 304, 404]),
+    keep_alive=st.booleans(),
+    defaults=st.sampled_from([[], [(b"server", b"uvicorn")]]),
+)
+def test_deliver_whole_is_the_two_messages(**case: Any) -> None:
+    """The lane's one-write answer: the bytes, errors and state of its two messages."""
+
+    async def both() -> tuple[Any, Any]:
+        return await whole("whole", case), await whole("messages", case)
+
+    ours, theirs = asyncio.run(both())
+    assert ours == theirs

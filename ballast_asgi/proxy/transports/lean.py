@@ -24,6 +24,12 @@ reads. Errors are httpx's as ``map_error`` gives them: refused ->
 ``ConnectError``, connect or slot timeout -> ``ConnectTimeout``; the rest in
 ``lean_wire.py``. No request is ever sent twice (no hidden retry, not even on
 a pooled connection the upstream had closed).
+
+``begin`` is the lane's form (ADR 0020): no body, an idle connection taken and
+the request written without waiting, the answer told to a callback.
+
+Longer than 320 lines on purpose: the pool and both forms of the exchange
+(awaited and told) share its connection bookkeeping, which stays in one place.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from ballast_asgi.core.types import RawHeaders
 from ballast_asgi.proxy.transports.aiohttp_transport import AiohttpTransport
 from ballast_asgi.proxy.transports.direct import DirectResponse
 from ballast_asgi.proxy.transports.lean_conn import LeanLimits, Limits, lean_limits
-from ballast_asgi.proxy.transports.lean_wire import Conn, LeanResponse
+from ballast_asgi.proxy.transports.lean_wire import Conn, LeanResponse, Notify
 from ballast_asgi.proxy.upstream import Upstream
 
 #: Bodies above this go in their own write (no copy into the head's bytes).
@@ -256,6 +262,43 @@ class LeanTransport(AiohttpTransport):
         if head is None:
             return None
         return self._exchange(method == "HEAD", upstream, head, body, limits)
+
+    def has_idle(self) -> bool:
+        """Whether the pool holds an idle connection (to any upstream) now."""
+        pool = self._pool
+        return pool.idle_count > 0 and not pool.closed
+
+    def begin(
+        self,
+        method: str,
+        upstream: Upstream,
+        target: bytes,
+        headers: RawHeaders,
+        limits: Limits,
+        notify: Notify,
+    ) -> LeanResponse | None:
+        """``send_lean`` without a body and without waiting (the lane, ``gateway/lane.py``):
+        the request written on an idle pooled connection now, the answer told to
+        ``notify`` (``LeanResponse``); None (nothing taken, nothing sent) when the request
+        needs the ordinary way: not plain http, a head with CR or LF, or no fresh idle
+        connection to the upstream (connecting, or waiting for a slot, awaits)."""
+        pool = self._pool
+        if upstream.scheme != "http" or pool.closed or not pool.idle_count:
+            return None
+        head = request_head(method, upstream, target, headers)
+        if head is None:
+            return None
+        conn = pool.take((upstream.host, upstream.port))
+        if conn is None:
+            return None
+        now = conn.loop.time()
+        total = limits.total
+        response = LeanResponse(
+            conn, method == "HEAD", self.max_field_size, None if total is None else now + total,
+            limits.sock_read, self.max_headers, now, notify,
+        )  # fmt: skip
+        conn.transport.write(head)  # type: ignore[union-attr]
+        return response
 
     async def _exchange(
         self, head_only: bool, upstream: Upstream, head: bytes, body: bytes, limits: Limits

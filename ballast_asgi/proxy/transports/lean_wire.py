@@ -29,12 +29,18 @@ consumer), checked by the connection's lazy timer (``Conn.arm``: one timer
 per connection, not per exchange; a check before the exchange's due time
 only re-arms it). Backpressure: reading pauses while
 more than ``HIGH_WATER_BYTES`` wait for the consumer.
+
+The lane (``gateway/lane.py``) is told instead of awaiting (``notify``): at the
+head, at each later read of a body it waits for, and at a failure before the head.
+
+Longer than 320 lines on purpose: the exchange is one parser-callback object
+(head, body, timers, both ways of telling its reader), kept in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -42,6 +48,8 @@ from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from ballast_asgi.proxy.transports.direct import DirectResponse
 from ballast_asgi.proxy.transports.lean_conn import Conn
 
+#: The lane's callback: None once the final head is in, else the error before it.
+Notify = Callable[["httpx.TransportError | None"], None]
 #: Body bytes buffered for a slow consumer before the socket is no longer read.
 HIGH_WATER_BYTES = 128 * 1024
 #: Bytes received before the final response head, as a multiple of ``max_field_size``.
@@ -55,7 +63,7 @@ class LeanResponse(DirectResponse):
     __slots__ = (
         "_bad", "_chunks", "_complete", "_conn", "_deadline", "_error", "_fields", "_final",
         "_head_only", "_idle", "_keep", "_last", "_limit", "_loop", "_max_headers", "_parser",
-        "_pending", "_read", "_released", "_size", "_waiter", "head",
+        "_pending", "_read", "_released", "_size", "_waiter", "head", "notify",
     )  # fmt: skip
 
     def __init__(
@@ -67,8 +75,14 @@ class LeanResponse(DirectResponse):
         idle: float | None,
         max_headers: int = 100,
         now: float | None = None,
+        notify: Notify | None = None,
     ) -> None:
-        """``now``: the loop's time when the caller has it (the idle bound starts there)."""
+        """``now``: the loop's time when the caller has it (the idle bound starts there).
+
+        ``notify`` (the lane's exchange, ``gateway/lane.py``): called once, with None when
+        the final head has arrived (after the read that brought it was parsed: what came
+        of the body with it is in), or with the error when the exchange failed before its
+        head; the ``head`` future then never holds an error (nobody awaits it)."""
         loop = conn.loop
         self.status_code = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
@@ -86,6 +100,7 @@ class LeanResponse(DirectResponse):
         self._waiter: asyncio.Future[None] | None = None
         self._deadline, self._idle = deadline, idle
         self._last = loop.time() if now is None else now
+        self.notify = notify
         conn.exchange = self
         if deadline is not None or idle is not None:
             conn.arm(self._next_check())  # the connection's lazy timer (lean_conn.py)
@@ -178,6 +193,11 @@ class LeanResponse(DirectResponse):
             self._pending += len(data)
             if self._pending > HEAD_FIELDS * self._limit:
                 self._fail(httpx.RemoteProtocolError("upstream response head too large"))
+            return
+        notify = self.notify
+        if notify is not None and self._final and self._error is None:
+            self.notify = None
+            notify(None)
 
     def lost(self, exc: Exception | None) -> None:
         """EOF (``exc`` None) or a broken connection."""
@@ -209,6 +229,12 @@ class LeanResponse(DirectResponse):
             return
         if self._error is None:
             self._error = error
+            notify = self.notify
+            if notify is not None:  # the lane's, before the head: told, after the drop
+                self.notify = None
+                self._drop(False)
+                notify(error)
+                return
             if not self.head.done():
                 self.head.set_exception(error)
             self._wake()
@@ -257,6 +283,16 @@ class LeanResponse(DirectResponse):
             self._conn.arm(self._next_check())
 
     # -- what the proxy reads -------------------------------------------------
+    @property
+    def final(self) -> bool:
+        """The final response head is in."""
+        return self._final
+
+    @property
+    def complete(self) -> bool:
+        """The response was read to its end (its body, if any, is in or was taken)."""
+        return self._complete
+
     def arrived(self, length: int) -> bytes | None:
         """The whole body if all ``length`` bytes are already in, else None (taken once)."""
         if self._read or not self._complete or self._size != length:

@@ -1,0 +1,266 @@
+"""The lane (ADR 0020) answers exactly as the ASGI path: bytes, upstream traffic, counters.
+
+One script of requests, each with a scripted upstream answer, is played through
+the gateway's own server protocol twice (``tests/gateway/lane_rig.py``): with
+``server.lane: true`` and with ``false``. Every step's response bytes, every
+request the upstream saw and the final metrics must be equal; the lane arm must
+have served the common steps itself (no ASGI task), and handed the others on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ballast_asgi.proxy.body import UNTIMED_BYTES
+from tests.gateway.lane_rig import CLOSE, LaneRig
+
+pytestmark = pytest.mark.anyio
+
+BODY = b"x" * 1024
+
+
+def _resp(status: int, body: bytes = b"", *headers: bytes, length: bool = True) -> bytes:
+    reason = {200: b"OK", 204: b"No Content", 302: b"Found", 304: b"Not Modified",
+              404: b"Not Found", 500: b"Internal Server Error",
+              503: b"Service Unavailable"}[status]  # fmt: skip
+    head = [b"HTTP/1.1 %d %s" % (status, reason), b"Server: up", b"Content-Type: text/plain",
+            *headers]  # fmt: skip
+    if length:
+        head.append(b"Content-Length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+def upstream(request: bytes, earlier: list[bytes]) -> list[bytes]:
+    """The scripted upstream: the answer by the request's path (``earlier``: what it saw)."""
+    target = request.split(b" ", 2)[1]
+    path = target.split(b"?")[0]
+    if path == b"/ok":
+        return [_resp(200, BODY)]
+    if path == b"/split":  # head and body in two reads (uvicorn upstreams do this)
+        whole = _resp(200, BODY)
+        cut = whole.index(b"\r\n\r\n") + 4
+        return [whole[:cut], whole[cut : cut + 100], whole[cut + 100 :]]
+    if path == b"/chunked":
+        return [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"]
+    if path == b"/big":
+        body = b"b" * (UNTIMED_BYTES + 1)
+        whole = _resp(200, body)
+        return [whole[:5000], whole[5000:]]
+    if path == b"/flaky":  # 503 first, then fine: the retry stage retries it
+        again = bool(earlier) and earlier[-1].startswith(b"GET /flaky")
+        return [_resp(200, b"second")] if again else [_resp(503, b"busy")]
+    if path == b"/head":
+        return [_resp(200, b"", b"Content-Length: 1024", length=False)]
+    if path == b"/204":
+        return [_resp(204, length=False)]
+    if path == b"/304":
+        return [_resp(304, length=False)]
+    if path == b"/404":
+        return [_resp(404, b"nope")]
+    if path == b"/500":
+        return [_resp(500, b"boom")]
+    if path == b"/redirect":
+        return [_resp(302, b"moved", b"Location: http://127.0.0.1:9/ok")]
+    if path == b"/empty":
+        return [_resp(200, b"")]
+    if path == b"/close-head":
+        return [CLOSE]
+    if path == b"/close-body":
+        whole = _resp(200, BODY)
+        return [whole[:200], CLOSE]
+    if path == b"/bad-status":
+        return [b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n"]
+    if path == b"/control":
+        return [b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nok"]
+    if path == b"/garbage-after":
+        return [_resp(200, b"fine") + b"HTTP/1.1 200 OK\r\n\r\n"]
+    return [_resp(200, b"default")]
+
+
+def get(path: str, *headers: str, method: str = "GET", version: str = "1.1") -> bytes:
+    lines = [f"{method} {path} HTTP/{version}", "Host: gw.test", *headers, "", ""]
+    return "\r\n".join(lines).encode()
+
+
+#: (request bytes, served in the lane by itself: no ASGI task in the lane arm).
+SCRIPT: list[tuple[bytes, bool]] = [
+    (get("/ok"), True),
+    (get("/ok?q=1&r=%20"), True),
+    (get("/split"), True),
+    (get("/ok", "X-Priority: critical", "X-Forwarded-For: 10.0.0.1"), True),
+    (get("/ok", "X-Deadline-Ms: 5000"), True),
+    (get("/ok", "Connection: keep-alive, X-Drop", "X-Drop: 1"), True),
+    (get("/ok", "Content-Length: 0"), True),
+    (get("/404"), True),
+    (get("/redirect"), True),
+    (get("/empty"), False),  # Content-Length: 0: the proxy streams it (the ASGI path's)
+    (get("/chunked"), False),
+    (get("/big"), False),
+    (get("/flaky?try=1"), False),
+    (get("/head", method="HEAD"), False),
+    (get("/204"), False),
+    (get("/304"), False),
+    (get("/500"), False),
+    (get("/close-body"), False),
+    (get("/close-head"), False),
+    (get("/bad-status"), False),
+    (get("/control"), False),
+    (get("/garbage-after"), False),  # the failures closed every idle connection: a new one
+    (get("/ok"), False),  # ... and garbage makes it unusable: the proxy connects again
+    (get("/ok"), True),
+    (get("/ok", "X-Deadline-Ms: 0"), True),  # shed at the wire (no task either way)
+    (b"POST /ok HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\n\r\nabc", False),
+    (get("/ok") + get("/split"), False),  # pipelined: the second waits for the first
+    (get("/ok", "X-Priority: bogus"), False),  # 400 from admission (a task on either arm)
+]
+
+
+async def _play(lane: bool, script: list[tuple[bytes, bool]], config: dict[str, Any] | None = None
+                ) -> tuple[list[Any], LaneRig]:  # fmt: skip
+    rig = LaneRig(upstream, lane=lane, config=config)
+    await rig.start()
+    transcript: list[Any] = []
+    for raw, laned in script:
+        tasks = rig.tasks
+        answer = await rig.send(raw)
+        transcript.append((raw, answer, rig.client.closed))
+        if lane and laned:
+            assert rig.tasks == tasks, f"the lane handed {raw!r} on"
+        if rig.client.closed:
+            rig.connect()
+    return transcript, rig
+
+
+async def test_the_lane_answers_the_script_as_the_asgi_path() -> None:
+    """Every step's bytes, the upstream's requests and the counters are equal on both arms."""
+    asgi, off = await _play(False, SCRIPT)
+    laned, on = await _play(True, SCRIPT)
+    for a, b in zip(asgi, laned, strict=True):
+        assert a == b
+    assert off.seen == on.seen
+    assert off.metrics() == on.metrics()
+    assert on.tasks < off.tasks  # the lane did serve requests itself
+    for rig in (off, on):  # nothing held once every response is out
+        parts = rig.gw.pieces.parts
+        assert parts.limiter.inflight == 0
+        assert parts.capacity is not None and parts.capacity.held == 0
+        assert rig.pool.in_use == 0
+
+
+async def test_a_client_gone_while_the_lane_waits_releases_everything() -> None:
+    """The client leaves before the upstream answers: the exchange ends (as on the ASGI
+    path, its answer is dropped), the permit and slot are released, nothing is written."""
+    rig = LaneRig(lambda request, earlier: [], lane=True)  # an upstream that never answers
+    await rig.start()
+    rig.protocol.data_received(get("/ok"))
+    await asyncio.sleep(0)
+    assert len(rig.seen) == 1 and rig.tasks == 0
+    rig.protocol.connection_lost(None)
+    conn = next(c for c in rig.conns if c.exchange is not None)
+    conn.data_received(_resp(200, BODY))  # the answer comes after all
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert rig.client.out == []
+    parts = rig.gw.pieces.parts
+    assert parts.limiter.inflight == 0 and parts.capacity is not None
+    assert parts.capacity.held == 0 and rig.pool.in_use == 0
+
+
+async def test_a_client_that_does_not_read_gets_its_answer_from_the_asgi_path() -> None:
+    """The client's transport is paused for writing when the answer comes: the lane hands it
+    to the ASGI path, whose ``send`` waits for the drain (the same bytes once it drains)."""
+    rig = LaneRig(upstream, lane=True)
+    await rig.start()
+    rig.protocol.data_received(get("/ok"))
+    rig.protocol.pause_writing()  # before the upstream's answer (a later loop turn)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert rig.client.out == [] and rig.tasks == 1  # handed on, waiting for the drain
+    rig.protocol.resume_writing()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    answer = b"".join(rig.client.out)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(BODY)
+    assert rig.gw.pieces.parts.limiter.inflight == 0
+
+
+async def test_the_script_is_not_trivial() -> None:
+    """The script's answers are what a proxy owes them (so equality above means something)."""
+    transcript, rig = await _play(True, SCRIPT)
+    answers = {raw: answer for raw, answer, _ in transcript}
+    assert answers[get("/ok")].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answers[get("/ok")].endswith(BODY)
+    assert answers[get("/split")].endswith(BODY)
+    assert b"location: http://gw.test/ok" in answers[get("/redirect")]
+    assert answers[get("/flaky?try=1")].endswith(b"second")  # retried
+    assert answers[get("/close-head")].startswith(b"HTTP/1.1 502 ")
+    assert answers[get("/bad-status")].startswith(b"HTTP/1.1 502 ")
+    assert answers[get("/control")].startswith(b"HTTP/1.1 502 ")
+    assert answers[get("/chunked")].endswith(b"5\r\nhello\r\n0\r\n\r\n")
+    assert answers[get("/big")].endswith(b"b" * 100)
+    assert b"x-ballast-reason: deadline" in answers[get("/ok", "X-Deadline-Ms: 0")]
+    assert answers[get("/ok") + get("/split")].count(b"HTTP/1.1 200 OK") == 2
+    forwarded = [r for r in rig.seen if b"x-priority: critical" in r.lower()]
+    assert forwarded and b"x-forwarded-for: 10.0.0.1, 127.0.0.1" in forwarded[0].lower()
+    assert all(b"x-drop" not in r.lower() for r in rig.seen)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"retry": {"enabled": False}},
+        {"admission_queue": {"enabled": False}},
+        {"breaker": {"consecutive_failures": 1, "min_calls": 1, "failure_ratio": 0.1}},
+        {"proxy": {"preserve_host": True}},
+        {"server": {"shed_at_wire": False}},
+    ],
+    ids=["no-retry", "no-queue", "touchy-breaker", "preserve-host", "no-wire-shed"],
+)
+async def test_the_lane_equals_the_asgi_path_in_other_configs(config: dict[str, Any]) -> None:
+    """The same equality with retries off, no queue, a breaker that opens, Host preserved,
+    and without the shed at the wire (the lane then reads the head itself)."""
+    script = [(raw, False) for raw, _ in SCRIPT]  # what the lane serves differs by config
+    asgi, off = await _play(False, script, config)
+    laned, on = await _play(True, script, config)
+    for a, b in zip(asgi, laned, strict=True):
+        assert a == b
+    assert off.seen == on.seen
+    assert off.metrics() == on.metrics()
+
+
+async def test_the_lane_records_the_attempt_as_the_proxy_does() -> None:
+    """What the lane records at the head: the outcome, the time to the head as the RTT (and
+    in ``upstream_latency``), the upstream tried; the body taken whole."""
+    from ballast_asgi.core.outcome import AttemptOutcome
+    from ballast_asgi.middleware.concurrency import finish
+    from ballast_asgi.proxy.laned import LanedProxy
+    from ballast_asgi.proxy.transports.lean_wire import LeanResponse
+
+    rig = LaneRig(upstream, lane=True)
+    await rig.start()
+    proxy = LanedProxy(rig.gw.pieces.proxy_app)
+    ctx, scope, permit = rig.gw.stack.direct.enter(
+        {"type": "http", "method": "GET", "path": "/ok", "raw_path": b"/ok", "root_path": "",
+         "query_string": b"", "headers": [(b"host", b"gw.test")], "client": ("10.1.2.3", 9),
+         "server": ("127.0.0.1", 8080), "scheme": "http", "state": {}}
+    )  # fmt: skip
+    told: list[Any] = []
+    begun = proxy.begin(scope, ctx, told.append)
+    assert begun is not None
+    response, up, started = begun
+    assert isinstance(response, LeanResponse)
+    response.feed(_resp(200, BODY))
+    assert told == [None]
+    checked = proxy.check(scope, response)
+    assert checked is not None
+    answer = proxy.answer(scope, ctx, (response, up, started, started + 0.25), checked, True)
+    assert answer is not None and answer[0] == 200 and answer[2] == BODY
+    assert ctx.outcome is AttemptOutcome.SUCCESS and ctx.rtt_s == 0.25
+    assert ctx.tried_upstreams == (up,)
+    latency = rig.registry.get_sample_value("ballast_upstream_latency_seconds_sum")
+    assert latency == 0.25
+    finish(permit, ctx, rig.clock())  # what the lane does next (``_Exchange.told``)
+    rig.gw.pieces.parts.capacity.leave()  # type: ignore[union-attr]

@@ -326,11 +326,7 @@ class ResponseCycle:
             return
         self.expected_content_length = 0
         self.response_complete = True
-        event = self.message_event  # ``wake`` inlined
-        if event is None:
-            self._set = True
-        else:
-            event.set()
+        self.wake()
         transport = self.transport
         if not transport.is_closing():
             transport.write(head + body)  # what ``flush`` writes of the two joined messages

@@ -88,6 +88,23 @@ class Lane:
         if entered.__class__ is not tuple:
             cycle.start(_Run(entered))  # type: ignore[arg-type]  # answered or waiting: ASGI
             return True
+        try:
+            self._first(entered, cycle)
+        except Exception as exc:  # a bug must not leak the permit: ``run_asgi``'s 500
+            ctx, _, permit = entered
+            ticket = ctx.ticket
+            if ticket is not None and not ticket.settled:
+                ticket.cancel()
+            ctx.ticket = None
+            cycle.fail(exc)
+            finish(permit, ctx, self._clock())
+            self._held.leave()
+        return True
+
+    def _first(self, entered: Entered, cycle: Any) -> None:
+        """The first attempt: the retry stage's ``begin``, the breaker's ticket, the upstream
+        request; or the ASGI path from the permit (what it takes is on the context)."""
+        pipeline = self.pipeline
         ctx, child, _ = entered
         now = self._clock()
         route = ctx.route
@@ -95,18 +112,17 @@ class Lane:
         client = client_ip(child)
         if not breaker.can_acquire(now, client):  # the breaker stage's shed: the ASGI path's
             cycle.start(_Run(partial(pipeline.permitted, entered, None)))
-            return True
+            return
         retry = self._retry
         retrying = retry is not None and retry.begin(child, ctx)
-        ticket = breaker.acquire(now, client)  # given: ``can_acquire`` said so, this turn
+        ctx.ticket = ticket = breaker.acquire(now, client)  # given: ``can_acquire`` said so
         exchange = _Exchange(self, cycle, entered, retrying, ticket, client)
         begun = self.proxy.begin(child, ctx, exchange.told)
         if begun is None:  # the proxy's own way (connect, 504, ...) with this ticket
-            ctx.ticket = ticket
             cycle.start(_Run(partial(pipeline.permitted, entered, retrying)))
-            return True
+            return
+        ctx.ticket = None  # the exchange holds it (and hands it on with the request, if so)
         exchange.response, exchange.upstream, exchange.started = begun
-        return True
 
 
 class _Exchange:

@@ -264,3 +264,24 @@ async def test_the_lane_records_the_attempt_as_the_proxy_does() -> None:
     assert latency == 0.25
     finish(permit, ctx, rig.clock())  # what the lane does next (``_Exchange.told``)
     rig.gw.pieces.parts.capacity.leave()  # type: ignore[union-attr]
+
+
+async def test_a_bug_in_the_lane_costs_one_500_and_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lane raising after the stages gave a permit: uvicorn's 500 (as ``run_asgi`` answers
+    an app that raised), nothing sent upstream, the permit and the slot released."""
+    from ballast_asgi.proxy.laned import LanedProxy
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(LanedProxy, "begin", broken)
+    rig = LaneRig(upstream, lane=True)
+    await rig.start()
+    answer = await rig.send(get("/ok"))
+    assert answer.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert rig.seen == [] and rig.tasks == 0
+    parts = rig.gw.pieces.parts
+    assert parts.limiter.inflight == 0 and parts.capacity is not None
+    assert parts.capacity.held == 0

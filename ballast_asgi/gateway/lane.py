@@ -177,7 +177,10 @@ class _Exchange:
                 return
             status, headers, body = answer
             lane._breaker.at_head(self.ticket, ctx, status, self.client, scope["path"])
-            cycle.deliver_whole(status, headers, body)
+            if checked[3]:  # a Location rewritten to the client's Host: uvicorn's checks
+                cycle.deliver_whole(status, headers, body)
+            else:  # the upstream's head as llhttp and ``response_head`` checked it
+                cycle.deliver_relayed(status, headers, body)
         except Exception as exc:  # what ``run_asgi`` does for an app that raised
             if not self.ticket.settled:
                 lane._breaker.settle(self.ticket, ctx.outcome or _GATEWAY_ERROR, self.client)

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 #: Response header names that change the framing (uvicorn's ``send`` looks at these).
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 _NO_BODY = (204, 304)
+_FIELD = b": ".join
 
 
 #: uvicorn's 500 (plain text, ``connection: close``), as its two messages.
@@ -330,6 +331,38 @@ class ResponseCycle:
         transport = self.transport
         if not transport.is_closing():
             transport.write(head + body)  # what ``flush`` writes of the two joined messages
+        self.on_response()
+
+    def deliver_relayed(self, status: int, headers: Any, body: bytes) -> None:
+        """``deliver_whole`` of a head the lane relays from the lean client: names lower-case
+        and values already checked by llhttp and ``response_head`` (no CR, LF or other
+        control character, names that are tokens), one ``content-length`` of ``len(body)``
+        and no ``connection`` or ``transfer-encoding``. For such a head uvicorn's header
+        loop finds nothing to do but join them; this joins them (the same bytes, tested).
+        Anything else (a server that adds headers or logs each response, a connection that
+        closes, HEAD) goes through ``deliver_whole``."""
+        protocol = self.protocol
+        if (
+            self.disconnected
+            or self.response_started
+            or not self.keep_alive
+            or protocol.access_log
+            or protocol.server_state.default_headers
+            or self.scope["method"] == "HEAD"
+            or not headers
+        ):
+            self.deliver_whole(status, headers, body)
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.chunked_encoding = False
+        self.expected_content_length = 0
+        self.response_complete = True
+        self.wake()
+        transport = self.transport
+        if not transport.is_closing():
+            fields = b"\r\n".join(map(_FIELD, headers))
+            transport.write(b"".join((STATUS_LINE[status], fields, b"\r\n\r\n", body)))
         self.on_response()
 
     def _head(self, message: Any) -> bytes:

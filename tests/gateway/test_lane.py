@@ -115,6 +115,10 @@ SCRIPT: list[tuple[bytes, bool]] = [
     (b"POST /ok HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\n\r\nabc", False),
     (get("/ok") + get("/split"), False),  # pipelined: the second waits for the first
     (get("/ok", "X-Priority: bogus"), False),  # 400 from admission (a task on either arm)
+    (get("/ok"), True),
+    (get("/ok", "Connection: close"), True),  # answered, then the connection closes
+    (get("/ok", version="1.0"), True),  # HTTP/1.0: the same, on a new connection
+    (get("/split", version="1.0"), True),
 ]
 
 
@@ -191,6 +195,10 @@ async def test_the_script_is_not_trivial() -> None:
     """The script's answers are what a proxy owes them (so equality above means something)."""
     transcript, rig = await _play(True, SCRIPT)
     answers = {raw: answer for raw, answer, _ in transcript}
+    closed = {raw: gone for raw, _, gone in transcript}
+    for raw in (get("/ok", "Connection: close"), get("/ok", version="1.0")):
+        assert b"connection: close\r\n" in answers[raw] and answers[raw].endswith(BODY)
+        assert closed[raw]
     assert answers[get("/ok")].startswith(b"HTTP/1.1 200 OK\r\n")
     assert answers[get("/ok")].endswith(BODY)
     assert answers[get("/split")].endswith(BODY)

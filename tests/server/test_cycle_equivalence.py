@@ -170,3 +170,75 @@ def test_deliver_whole_is_the_two_messages(**case: Any) -> None:
 
     ours, theirs = asyncio.run(both())
     assert ours == theirs
+
+
+RAW_NAMES = [b"Content-Type", b"X-A", b"x-b", b"Location", b"ETag", b"Set-Cookie", b"Vary",
+             b"Connection", b"Keep-Alive", b"Transfer-Encoding", b"Proxy-X", b"Server"]  # fmt: skip
+RAW_VALUES = [b"text/plain", b"a, b", b"\"etag\"", b"k=v; Path=/", b"close", b"chunked",
+              b"x-a", b" padded ", b"", b"\xe9t\xe9", b"a\tb"]  # fmt: skip
+
+
+def _relayed_head(raw: list[tuple[bytes, bytes]], body: bytes) -> Any:
+    """``raw`` as an upstream's response parsed by the lean client and checked by
+    ``response_head`` (what the lane relays), or None when either refuses it."""
+    from ballast_asgi.proxy.headers import BadResponseHead, response_head
+    from ballast_asgi.proxy.transports.lean_wire import LeanResponse
+
+    class Conn:
+        loop = asyncio.get_running_loop()
+        exchange = None
+        paused = closed = False
+
+        def arm(self, at: float) -> None: ...
+
+        def release(self, conn: Any, reuse: bool) -> None: ...
+
+    fields = b"".join(n + b": " + v + b"\r\n" for n, v in raw)
+    wire = b"HTTP/1.1 200 OK\r\n" + fields + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    response = LeanResponse(Conn(), False, 8190, None, None)  # type: ignore[arg-type]
+    response.feed(wire)
+    if not response.final or response._error is not None:
+        return None
+    try:
+        headers, length, _ = response_head(200, response.raw_headers, 100, 65536, False)
+    except BadResponseHead:
+        return None
+    return headers if length == len(body) else None
+
+
+async def relayed(way: str, case: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The lane's answer through ``deliver_relayed`` or ``deliver_whole``."""
+    headers = _relayed_head(case["raw"], case["body"])
+    if headers is None:
+        return None
+    transport = FakeTransport()
+    protocol = FakeProtocol(transport, case["defaults"])
+    scope = {"method": case["method"], "http_version": "1.1"}
+    cycle = ResponseCycle(protocol, scope, case["keep_alive"], False)  # type: ignore[arg-type]
+    if way == "relayed":
+        cycle.deliver_relayed(200, headers, case["body"])
+    else:
+        cycle.deliver_whole(200, headers, case["body"])
+    cycle.flush()
+    state = (cycle.keep_alive, cycle.chunked_encoding, cycle.expected_content_length)
+    return (transport.data, transport.closed, cycle.response_complete, state,
+            protocol.responses)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw=st.lists(st.tuples(st.sampled_from(RAW_NAMES), st.sampled_from(RAW_VALUES)), max_size=6),
+    body=st.sampled_from([b"o", b"okay!", b"x" * 16_384]),
+    method=st.sampled_from(["GET", "GET", "HEAD"]),
+    keep_alive=st.booleans(),
+    defaults=st.sampled_from([[], [], [(b"server", b"uvicorn")]]),
+)
+def test_deliver_relayed_writes_what_deliver_whole_writes(**case: Any) -> None:
+    """Any upstream head the lean client and ``response_head`` let through: the lane's
+    joined head is the bytes (and state) of uvicorn's header loop."""
+
+    async def both() -> tuple[Any, Any]:
+        return await relayed("relayed", case), await relayed("whole", case)
+
+    ours, theirs = asyncio.run(both())
+    assert ours == theirs

@@ -87,6 +87,8 @@ ROWS = [
 WIRE_OFF = "shed-wire-off"
 #: The same wire-off gateway, proxied: what deciding at the wire costs a request it passes on.
 PROXIED_WIRE_OFF = "proxied-wire-off"
+#: The gateway with ``server.lane: false``, proxied: every request through the ASGI task.
+LANE_OFF = "proxied-lane-off"
 #: The same floor app under ``uvicorn`` with its defaults (access log, date and server headers).
 FLOOR_DEFAULTS = "floor-defaults"
 #: ``--before``: the same two gateway rows from another checkout (e.g. main), same run.
@@ -165,6 +167,11 @@ def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target
     gw_off = start_uvicorn_gateway(
         procs, "gateway-wire-off", backend.base, CPU_PROXY, {"BALLAST_CONFIG": str(off)}
     )
+    no_lane = procs.tmp / "lane-off.yaml"
+    no_lane.write_text("server:\n  lane: false\n")
+    gw_no_lane = start_uvicorn_gateway(
+        procs, "gateway-lane-off", backend.base, CPU_PROXY, {"BALLAST_CONFIG": str(no_lane)}
+    )
     targets = {
         "nginx": start_nginx_proxy(procs, backend.port, CPU_PROXY),
         "nginx-429": start_nginx_429(procs, CPU_PROXY),
@@ -174,6 +181,7 @@ def start_all(procs: Procs, before: str | None = None) -> tuple[dict[str, Target
         "shed": gw,
         WIRE_OFF: gw_off,
         PROXIED_WIRE_OFF: gw_off,
+        LANE_OFF: gw_no_lane,
         FLOOR_DEFAULTS: start_floor(procs, CPU_PROXY, defaults=True),
     }
     targets.update(start_floors(procs, backend))
@@ -236,7 +244,7 @@ def measure(
     only: list[str] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Every row (``only``: these) ``reps`` times, alternating, the order rotated each time."""
-    extra = (WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *FLOORS, *BEFORE)
+    extra = (WIRE_OFF, PROXIED_WIRE_OFF, LANE_OFF, FLOOR_DEFAULTS, *FLOORS, *BEFORE)
     keys = [k for k, _ in ROWS] + [k for k in extra if k in targets]
     keys = [k for k in keys if only is None or k in only]
     for key in keys:  # warm-up: connections, imports, first-request paths
@@ -257,8 +265,8 @@ def measure(
 def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, Any]:
     """Medians (with ranges) per row, the ratios of the medians and the target verdicts."""
     rows: dict[str, Any] = {}
-    for key in [k for k, _ in ROWS] + [WIRE_OFF, PROXIED_WIRE_OFF, FLOOR_DEFAULTS, *FLOORS,
-                                       *BEFORE]:  # fmt: skip
+    for key in [k for k, _ in ROWS] + [WIRE_OFF, PROXIED_WIRE_OFF, LANE_OFF, FLOOR_DEFAULTS,
+                                       *FLOORS, *BEFORE]:  # fmt: skip
         mine = [r for r in runs if r["row"] == key]
         if not mine:
             continue
@@ -286,6 +294,8 @@ def summarize(runs: list[dict[str, Any]], rss: dict[str, float]) -> dict[str, An
         ratios["shed_vs_floor_defaults"] = cpu("shed") / cpu(FLOOR_DEFAULTS)
     if PROXIED_WIRE_OFF in rows:
         ratios["proxied_vs_wire_off"] = cpu("proxied") / cpu(PROXIED_WIRE_OFF)
+    if LANE_OFF in rows:
+        ratios["proxied_vs_lane_off"] = cpu("proxied") / cpu(LANE_OFF)
     if all(k in rows for k in FLOORS):
         ratios["raw_proxy_vs_nginx"] = cpu(FLOORS[0]) / cpu("nginx")
         ratios["asgi_proxy_vs_nginx"] = cpu(FLOORS[1]) / cpu("nginx")
@@ -378,6 +388,14 @@ def table(doc: dict[str, Any]) -> list[str]:
             "",
             f"The same wire-off gateway proxying: {cell(p['cpu_us'], 1)} us per request "
             f"(proxied with the wire on / off: {ratios['proxied_vs_wire_off']:.2f}x).",
+        ]
+    if LANE_OFF in rows:
+        q = rows[LANE_OFF]
+        out += [
+            "",
+            f"The gateway with `server.lane: false` proxying (every request an ASGI task): "
+            f"{cell(q['cpu_us'], 1)} us per request, {cell(q['rps'])}/s (proxied with the lane "
+            f"on / off: {ratios['proxied_vs_lane_off']:.2f}x).",
         ]
     if FLOOR_DEFAULTS in rows:
         d = rows[FLOOR_DEFAULTS]

@@ -101,3 +101,16 @@ async def test_the_floor_app_answers_the_gateways_shed_bytes() -> None:
     await floor_app({"type": "http"}, receive, send)
     assert sent[0]["status"] == 429 and sent[0]["headers"] == SHED_HEADERS
     assert sent[1]["body"] == SHED_BODY and len(sent) == 2
+
+
+def test_the_lane_off_row_gives_its_ratio_and_sentence() -> None:
+    """With the ``server.lane: false`` gateway in the run: proxied / lane-off, in the text."""
+    from experiments.bench.headroom import LANE_OFF
+
+    cpu = {**CPU, LANE_OFF: 200.0}
+    runs = [{"row": k, "rep": rep, "cpu_us": cpu[k] + rep, "rps": 4_000.0, "cpu_util": 0.9}
+            for rep in range(3) for k in cpu]  # fmt: skip
+    doc = {**_doc(), "runs": runs, "summary": summarize(runs, {k: 30.0 for k in cpu})}
+    assert doc["summary"]["ratios"]["proxied_vs_lane_off"] == pytest.approx(151.0 / 201.0)
+    text = "\n".join(table(doc))
+    assert "`server.lane: false`" in text and "on / off: 0.75x" in text

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ballast_asgi.core.forwarded import ForwardedTrust
 from ballast_asgi.core.shed import Shed, ShedHeaders
 from ballast_asgi.core.types import RawHeaders, Scope
+from ballast_asgi.middleware.admission import WIRE_READ
 from ballast_asgi.middleware.pipeline import Pipeline
 from ballast_asgi.ops.admin import relative_path
 
@@ -75,16 +76,22 @@ class ServerHooks:
         ``shed_at_wire`` (and the same request ``__call__`` would send to the pipeline)."""
         current = self.stack  # read once, like a request (ADR 0019)
         lane = current.lane
-        if lane is None or self.server_may_rewrite:
+        if lane is None:
             return False
-        if self.forwarded.networks:
-            client = scope.get("client")
-            if self.forwarded.is_trusted(client[0] if client else None):
+        read = scope.get(WIRE_READ)
+        if read is None or read[0] is not lane.admission:
+            # Not read at the wire by this stack's admission this turn (which checked the
+            # same plain form, just now): check it here.
+            if self.server_may_rewrite:
                 return False
-        prefix = current.router.passing  # ``AdminRouter.passes``, inlined
-        path = relative_path(scope) if scope.get("root_path") else scope["path"]
-        if prefix is None or path.startswith(prefix):
-            return False
+            if self.forwarded.networks:
+                client = scope.get("client")
+                if self.forwarded.is_trusted(client[0] if client else None):
+                    return False
+            prefix = current.router.passing  # ``AdminRouter.passes``, inlined
+            path = relative_path(scope) if scope.get("root_path") else scope["path"]
+            if prefix is None or path.startswith(prefix):
+                return False
         return lane.start(scope, cycle)
 
 

@@ -67,11 +67,13 @@ from ballast_asgi.proxy.laned import Checked, LanedProxy
 class Lane:
     """Serves the common proxied request of one stack with callbacks (see the module)."""
 
-    __slots__ = ("_breaker", "_clock", "_held", "_retry", "pipeline", "proxy")
+    __slots__ = ("_breaker", "_clock", "_held", "_retry", "admission", "pipeline", "proxy")
 
     def __init__(self, pipeline: Pipeline, proxy: ProxyApp) -> None:
         self.pipeline = pipeline
         self.proxy = LanedProxy(proxy)
+        #: The stack's admission stage (a head it read at the wire is this stack's).
+        self.admission = pipeline.stages.admission.stage
         stages = pipeline.stages
         self._breaker = stages.breaker.stage
         self._retry = None if stages.retry is None else stages.retry.stage

@@ -116,6 +116,7 @@ SCRIPT: list[tuple[bytes, bool]] = [
     (get("/ok") + get("/split"), False),  # pipelined: the second waits for the first
     (get("/ok", "X-Priority: bogus"), False),  # 400 from admission (a task on either arm)
     (get("/ok"), True),
+    (get("/_ballast/health"), False),  # the admin prefix: the admin router's, never the lane's
     (get("/ok", "Connection: close"), True),  # answered, then the connection closes
     (get("/ok", version="1.0"), True),  # HTTP/1.0: the same, on a new connection
     (get("/split", version="1.0"), True),

@@ -288,10 +288,14 @@ class LeanTransport(AiohttpTransport):
         head = request_head(method, upstream, target, headers)
         if head is None:
             return None
-        conn = pool.take((upstream.host, upstream.port))
+        key = (upstream.host, upstream.port)
+        idle = pool.idle.get(key)
+        if not idle:
+            return None
+        now = idle[-1].loop.time()  # the pool's loop (no ``get_running_loop`` per request)
+        conn = pool.take(key, now)
         if conn is None:
             return None
-        now = conn.loop.time()
         total = limits.total
         response = LeanResponse(
             conn, method == "HEAD", self.max_field_size, None if total is None else now + total,

@@ -83,8 +83,8 @@ class Lane:
     def start(self, scope: Scope, cycle: Any) -> bool:
         """Serve the request of ``scope`` on ``cycle`` (True: it is the lane's now, whatever
         happens next); False: not begun, nothing counted (the server starts the ASGI task)."""
-        if not self.proxy.ready():
-            return False
+        if not self.proxy.ready() or cycle.waiting_for_100_continue:
+            return False  # (``Expect: 100-continue``: the proxy's ``receive`` answers it)
         pipeline = self.pipeline
         entered = pipeline.enter(scope)
         if entered.__class__ is not tuple:

@@ -75,6 +75,8 @@ def upstream(request: bytes, earlier: list[bytes]) -> list[bytes]:
         return [b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n"]
     if path == b"/control":
         return [b"HTTP/1.1 200 OK\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\nok"]
+    if path == b"/lying-length":
+        return [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokay"]
     if path == b"/garbage-after":
         return [_resp(200, b"fine") + b"HTTP/1.1 200 OK\r\n\r\n"]
     return [_resp(200, b"default")]
@@ -97,6 +99,10 @@ SCRIPT: list[tuple[bytes, bool]] = [
     (get("/404"), True),
     (get("/redirect"), True),
     (get("/empty"), False),  # Content-Length: 0: the proxy streams it (the ASGI path's)
+    (get("/garbage-after"), True),  # more bytes after a whole response: answered, not reused
+    (get("/lying-length"), True),  # a Content-Length shorter than the body: the same
+    (get("/ok"), False),  # (the pool's connections went with them: a new one, as ever)
+    (get("/ok", "Expect: 100-continue"), False),  # the proxy's ``receive`` answers the 100
     (get("/chunked"), False),
     (get("/big"), False),
     (get("/flaky?try=1"), False),

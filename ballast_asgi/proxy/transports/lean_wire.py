@@ -226,6 +226,10 @@ class LeanResponse(DirectResponse):
     def _fail(self, error: httpx.TransportError) -> None:
         if self._complete:  # garbage after a complete response: just not reusable
             self._drop(False)
+            notify = self.notify
+            if notify is not None and self._final:  # the lane's: the response is whole
+                self.notify = None
+                notify(None)
             return
         if self._error is None:
             self._error = error

@@ -112,12 +112,13 @@ class Lane:
         route = ctx.route
         breaker = self._breaker.breakers.get(None if route is None else route.name)
         client = client_ip(child)
-        if not breaker.can_acquire(now, client):  # the breaker stage's shed: the ASGI path's
+        ticket = breaker.acquire(now, client)
+        if ticket is None:  # the breaker stage's shed (it asks again): the ASGI path's
             cycle.start(_Run(partial(pipeline.permitted, entered, None)))
             return
+        ctx.ticket = ticket
         retry = self._retry
         retrying = retry is not None and retry.begin(child, ctx)
-        ctx.ticket = ticket = breaker.acquire(now, client)  # given: ``can_acquire`` said so
         exchange = _Exchange(self, cycle, entered, retrying, ticket, client)
         begun = self.proxy.begin(child, ctx, exchange.told)
         if begun is None:  # the proxy's own way (connect, 504, ...) with this ticket

@@ -23,8 +23,8 @@ same order, and nothing else:
    to ``Pipeline.permitted`` as an ASGI task, with what the lane took already
    on the context (``ctx.ticket``): the ASGI path goes on from there.
 3. The response head (``LeanResponse`` tells ``told``): the common answer
-   (``LanedProxy.answer``: a whole small body that came with its head, not a
-   retryable failure while retries may run) is recorded, the ticket settled
+   (``LanedProxy.check`` and ``answer``: a whole body of at most 16 KiB, or
+   none, not a retryable failure while retries may run) is recorded, the ticket settled
    at the head (``BreakerStage.at_head``), and the head and body are handed to
    the cycle's ``deliver``: uvicorn's ``send``, the same bytes. Then the
    permit is released with the attempt's signal (``finish``) and the capacity
@@ -180,8 +180,8 @@ class _Exchange:
                 return
             status, headers, body = answer
             lane._breaker.at_head(self.ticket, ctx, status, self.client, scope["path"])
-            if checked[3]:  # a Location rewritten to the client's Host: uvicorn's checks
-                cycle.deliver_whole(status, headers, body)
+            if checked[3] or not body:  # a Location rewritten to the client's Host, or
+                cycle.deliver_whole(status, headers, body)  # no body: uvicorn's checks
             else:  # the upstream's head as llhttp and ``response_head`` checked it
                 cycle.deliver_relayed(status, headers, body)
         except Exception as exc:  # what ``run_asgi`` does for an app that raised

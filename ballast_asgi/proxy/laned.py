@@ -13,9 +13,10 @@ taken in two halves around the upstream's answer:
   transport, an https upstream, the deadline already spent, a head with CR or
   LF, no idle connection);
 * ``check``: at the response head, whether it is the common answer: a final
-  head ``response_head`` accepts, not to a HEAD and not 204/304, with a
-  Content-Length of 1 to ``UNTIMED_BYTES`` (the proxy sends such a body as one
-  message, with no timer, once it is in; the lane waits for it in callbacks);
+  head ``response_head`` accepts, with a Content-Length of 0 to
+  ``UNTIMED_BYTES`` or no body at all (HEAD, 204, 304) (the proxy sends such a
+  body as one message, with no timer, once it is in; the lane waits for it in
+  callbacks);
 * ``answer``: once that body is in, what the proxy would send, recorded as the
   proxy records it (``upstream_latency`` and the limiter's sample are the time
   to the head, ``ctx.record``, the upstreams tried).
@@ -103,11 +104,11 @@ class LanedProxy:
 
     def check(self, scope: Scope, response: LeanResponse) -> Checked | None:
         """The response head as the proxy would relay it, when the lane can answer it: a
-        final head ``response_head`` accepts, not to a HEAD and not 204/304, with a
-        Content-Length of 1 to ``UNTIMED_BYTES``; None: the ASGI path answers it."""
+        final head ``response_head`` accepts with a Content-Length of 0 to
+        ``UNTIMED_BYTES`` (the proxy sends such a body as one message), or a head with no
+        body at all (to a HEAD, a 204 or a 304: the proxy sends an empty last message);
+        None: the ASGI path answers it (a body to stream, chunked or close-delimited)."""
         status = response.status_code
-        if status in _NO_BODY or scope["method"] == "HEAD":
-            return None
         app = self.app
         try:
             headers, length, location = response_head(
@@ -115,7 +116,9 @@ class LanedProxy:
             )
         except BadResponseHead:
             return None
-        if not length or length > UNTIMED_BYTES:
+        if status in _NO_BODY or scope["method"] == "HEAD":
+            length = 0  # whatever the head says (``Relay.respond``'s rule)
+        elif length is None or length > UNTIMED_BYTES:
             return None
         return status, headers, length, location
 

@@ -3,9 +3,8 @@
 The server-side guards uvicorn lacks (a request-head timeout, a head size cap,
 lingering close after a refusal, closing after an unswitched upgrade) are the
 ``GuardedHttpToolsProtocol`` of ``guarded.py``; its request cycle
-(``cycle.py``) joins each response's writes (as ``JoinedWrites``,
-``joined.py``, does for any transport). Both are re-exported here, where
-they always were (``--http ballast_asgi.server.serve:GuardedHttpToolsProtocol``
+(``cycle.py``) joins each response's writes. The protocol is re-exported
+here, where it always was (``--http ballast_asgi.server.serve:GuardedHttpToolsProtocol``
 keeps working). This module puts them in front of the gateway:
 
 * ``uvicorn_settings``: the ``uvicorn.Config`` keyword arguments the ``ballast``
@@ -52,7 +51,6 @@ from ballast_asgi.server.guarded import (
     GuardedHttpToolsProtocol,
     guarded_protocol,
 )
-from ballast_asgi.server.joined import JoinedWrites
 from ballast_asgi.server.tls import server_ssl_context, tls_front
 
 __all__ = [
@@ -60,7 +58,6 @@ __all__ = [
     "LINGER_MAX_S",
     "GatewayProtocol",
     "GuardedHttpToolsProtocol",
-    "JoinedWrites",
     "QuietServer",
     "adopt_loading",
     "adopt_uvicorn",

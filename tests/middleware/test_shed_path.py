@@ -1,8 +1,7 @@
-"""The cheap shed path (issue 18): responses built once, decided before a context, joined writes."""
+"""The cheap shed path (issue 18): responses built once, decided before a context."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import random
@@ -19,7 +18,6 @@ from ballast_asgi.core.types import Message, Receive, Scope, Send
 from ballast_asgi.gateway import Gateway, build_gateway
 from ballast_asgi.middleware.admission import AdmissionMiddleware
 from ballast_asgi.middleware.responses import ShedResponder, send_json
-from ballast_asgi.server.serve import JoinedWrites
 from ballast_asgi.telemetry.metrics import Metrics
 from tests.fakes import EchoHandler
 
@@ -173,69 +171,6 @@ async def test_admission_dry_run_still_builds_the_context_and_runs_the_app() -> 
     await stage(_scope(b"0"), _receive, Sink())
     assert inner.calls == 1
     assert _count(metrics, "ballast_dry_run_shed_total", reason="deadline", priority="standard")
-
-
-class FakeTransport:
-    """Records writes and closes."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name: str) -> str:
-        return name
-
-
-async def test_joined_writes_are_one_write_at_flush() -> None:
-    """Head and body written by the cycle reach the transport as one write, in order."""
-    t = FakeTransport()
-    joined = JoinedWrites(t, asyncio.get_running_loop())  # type: ignore[arg-type]
-    joined.write(b"HTTP/1.1 429\r\n\r\n")
-    joined.write(b"body")
-    assert t.writes == []
-    joined.flush()
-    assert t.writes == [b"HTTP/1.1 429\r\n\r\nbody"]
-    joined.flush()
-    assert t.writes == [b"HTTP/1.1 429\r\n\r\nbody"]
-
-
-async def test_joined_writes_flush_when_the_loop_turns() -> None:
-    """A head left alone (a streamed response) goes out on the next loop iteration."""
-    t = FakeTransport()
-    joined = JoinedWrites(t, asyncio.get_running_loop())  # type: ignore[arg-type]
-    joined.write(b"head")
-    await asyncio.sleep(0)
-    assert t.writes == [b"head"]
-    joined.write(b"chunk")
-    await asyncio.sleep(0)
-    assert t.writes == [b"head", b"chunk"]
-
-
-async def test_joined_writes_flush_at_the_limit_close_and_other_calls() -> None:
-    """64 KiB pending are written at once; close and any other transport call flush first."""
-    t = FakeTransport()
-    joined = JoinedWrites(t, asyncio.get_running_loop())  # type: ignore[arg-type]
-    joined.write(b"x" * 70_000)
-    assert t.writes == [b"x" * 70_000]
-    joined.write(b"a")
-    assert joined.get_extra_info("peername") == "peername"
-    assert t.writes[-1] == b"a"
-    joined.write(b"b")
-    joined.close()
-    assert t.writes[-1] == b"b" and t.closed
-    joined.write(b"late")
-    joined.flush()
-    assert t.writes[-1] == b"b"
 
 
 def _gateway(up: EchoHandler) -> Gateway:

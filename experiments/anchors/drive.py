@@ -3,7 +3,7 @@
 Pinned as ``make experiment`` pins (``experiments.sweep.one``): the target
 (gateway or peer) alone on CPU 1, the simulator and this process (the
 generator, at ``SCHED_FIFO`` when permitted) on CPU 0. The gateway's config
-is the sweep's (``gateway_yaml``: everything default but the limiter), its
+is the sweep's (``gateway_yaml``: everything default but the limiter, no drain), its
 limit is sampled from ``/snapshot`` every 200 ms (``sample_snapshots``), the
 backend changes go to the simulator's ``/profile`` (``apply_events``), and
 the target's RSS is read from ``/proc`` once a second.

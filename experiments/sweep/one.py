@@ -76,7 +76,9 @@ Progress = Callable[[float], None]
 
 
 def gateway_yaml(spec: RunSpec) -> str:
-    """The gateway config of ``spec``: everything default except the limiter and early drop."""
+    """The gateway config of ``spec``: everything default except the limiter and early drop,
+    and no drain on SIGTERM (``server.drain_grace_ms: 0``: the run is measured and its load
+    over by then; the default 5 s of health 503 only delayed each run's end)."""
     algorithm, fixed = parse_limiter(spec.limiter)
     blind = algorithm.endswith("-blind")  # e.g. gradient-blind: the loop lag left in (ADR 0010)
     one = algorithm == "gradient-one"  # one limit, one floor: the gradient before ADR 0016
@@ -89,6 +91,7 @@ def gateway_yaml(spec: RunSpec) -> str:
     if fixed is not None:
         lines.append(f"  fixed_limit: {fixed}")
     lines += ["admission:", f"  early_drop: {str(spec.early_drop).lower()}"]
+    lines += ["server:", "  drain_grace_ms: 0"]
     return "\n".join(lines) + "\n"
 
 

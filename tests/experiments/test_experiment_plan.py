@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ballast_asgi.config import load_config
 from experiments.sweep import plan
 from experiments.sweep.run import _parser
 
@@ -39,3 +42,17 @@ def test_blind_limiter_turns_the_loop_lag_correction_off() -> None:
     text = gateway_yaml(plan.swing(24.0, ("gradient-blind",))[0])
     assert "algorithm: gradient\n" in text
     assert "subtract_loop_lag: false" in text
+
+
+def test_experiment_gateways_stop_at_once_and_keep_every_other_default(tmp_path: Path) -> None:
+    """A run's gateway has no drain grace (SIGTERM ends it when its load is over); the
+    limiter is the spec's and everything else is the default config."""
+    from experiments.sweep.one import gateway_yaml
+
+    path = tmp_path / "gw.yaml"
+    path.write_text(gateway_yaml(plan.quick_plan()[0]))  # fixed-16
+    config = load_config(env={}, path=path, overrides={"upstream": "http://127.0.0.1:1"})
+    assert config.server.drain_grace_ms == 0
+    assert config.limiter.algorithm == "fixed" and config.limiter.fixed_limit == 16
+    default = load_config(env={}, overrides={"upstream": "http://127.0.0.1:1"})
+    assert config.server == default.server.model_copy(update={"drain_grace_ms": 0})

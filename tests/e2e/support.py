@@ -82,6 +82,15 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 15.0) ->
             time.sleep(0.05)  # readiness poll, bounded
 
 
+def no_drain(tmp: Path) -> Path:
+    """A config file with only ``server.drain_grace_ms: 0``: a ``ballast`` CLI given it (flags
+    for the rest) ends at SIGTERM at once instead of 5 s of health 503 first (the drain
+    itself is ``test_drain_e2e.py``'s)."""
+    path = tmp / "no-drain.yaml"
+    path.write_text("server: {drain_grace_ms: 0}\n")
+    return path
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> int:
     """SIGTERM by PID, wait (closing the pipes), SIGKILL if it hangs; the exit code."""
     if proc.poll() is None:

@@ -13,7 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.support import free_port, serve_in_thread, stop_process, stop_thread, wait_http
+from tests.e2e.support import (
+    free_port,
+    no_drain,
+    serve_in_thread,
+    stop_process,
+    stop_thread,
+    wait_http,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -86,12 +93,12 @@ def test_uvicorn_gateway_from_environment(upstream_url: str) -> None:
         assert stop_process(proc) in (0, -signal.SIGTERM)
 
 
-def test_cli_traffic_and_admin_ports_and_clean_shutdown(upstream_url: str) -> None:
+def test_cli_traffic_and_admin_ports_and_clean_shutdown(upstream_url: str, tmp_path: Path) -> None:
     """`ballast` serves traffic and admin ports; SIGTERM stops it cleanly."""
     port, admin = free_port(), free_port()
     args = [PY, "-m", "ballast_asgi", "--upstream", upstream_url, "--limiter", "gradient",
             "--port", str(port), "--admin-port", str(admin)]  # fmt: skip
-    proc = _start(args, {"BALLAST_CONFIG": ""})
+    proc = _start(args, {"BALLAST_CONFIG": str(no_drain(tmp_path))})
     try:
         wait_http(f"http://127.0.0.1:{admin}/metrics", proc)
         wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)

@@ -24,7 +24,14 @@ from ballast_asgi.config.models import ServerConfig
 from ballast_asgi.gateway import build_gateway
 from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.servers import serving
-from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_process, stop_thread
+from tests.e2e.support import (
+    NO_BALLAST_ENV,
+    free_port,
+    no_drain,
+    serve_in_thread,
+    stop_process,
+    stop_thread,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +61,7 @@ def pems(ca: trustme.CA, tmp_path: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_cli_terminates_tls(pems: tuple[Path, Path, Path]) -> None:
+def test_cli_terminates_tls(pems: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """`ballast --ssl-certfile --ssl-keyfile` serves https; a verifying client gets through."""
     ca_pem, cert, key = pems
     up_port, port = free_port(), free_port()
@@ -62,7 +69,8 @@ def test_cli_terminates_tls(pems: tuple[Path, Path, Path]) -> None:
     args = [sys.executable, "-m", "ballast_asgi", "--upstream", f"http://127.0.0.1:{up_port}",
             "--port", str(port), "--admin-port", "0",
             "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]  # fmt: skip
-    proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
+    env = {**os.environ, **NO_BALLAST_ENV, "BALLAST_CONFIG": str(no_drain(tmp_path))}
+    proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
     verify = ssl.create_default_context(cafile=str(ca_pem))
     try:
         limit = time.monotonic() + 60

@@ -79,8 +79,10 @@ def gateway(form: str, config: Path) -> Iterator[int]:
 
 def _config(tmp_path: Path, upstream: str, networks: list[str]) -> Path:
     path = tmp_path / "gw.yaml"
+    # No drain grace: the CLI form ends at SIGTERM at once (test_drain_e2e.py has the drain).
     doc = {"upstream": upstream, "priority": {"trust_header": False,
-                                              "trusted_networks": networks}}  # fmt: skip
+                                              "trusted_networks": networks},
+           "server": {"drain_grace_ms": 0}}  # fmt: skip
     path.write_text(json.dumps(doc))
     return path
 

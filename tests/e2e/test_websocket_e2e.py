@@ -27,6 +27,7 @@ from ballast_asgi.gateway import build_gateway
 from tests.e2e.support import (
     NO_BALLAST_ENV,
     free_port,
+    no_drain,
     serve_in_thread,
     stop_process,
     stop_thread,
@@ -204,7 +205,7 @@ def test_turned_off_is_403_with_one_log_line(
 def test_echo_through_the_cli(echo: tuple[Echo, str], tmp_path: Path) -> None:
     """The `ballast` CLI proxies a websocket echo too."""
     port = free_port()
-    env = {**os.environ, **NO_BALLAST_ENV}
+    env = {**os.environ, **NO_BALLAST_ENV, "BALLAST_CONFIG": str(no_drain(tmp_path))}
     args = [sys.executable, "-m", "ballast_asgi", "--upstream", echo[1], "--port", str(port),
             "--admin-port", "0"]  # fmt: skip
     proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)

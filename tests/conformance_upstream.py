@@ -15,7 +15,8 @@ versions. Endpoints (all deterministic):
 ``/stream/N``     N deterministic bytes, chunked in 64 KiB pieces (no Content-Length)
 ``/etag/E``       ETag "E"; 304 when If-None-Match matches
 ``/latin``        response headers with Latin-1 and UTF-8 bytes
-``/sse``          endless text/event-stream, one event every 50 ms (GET or POST)
+``/sse``          endless text/event-stream, one event every 50 ms (GET or POST; ends
+                  when the client is gone)
 ``/drip``         10 bytes, one every 100 ms (GET or POST)
 websocket         echoes text and bytes; closes with the client's code
 """
@@ -68,12 +69,29 @@ def _echo(scope: Scope, body: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
-async def _ticks(send: Any, start: list[tuple[bytes, bytes]], ticks: Any, gap_s: float) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": start})
-    for tick in ticks:
-        await send({"type": "http.response.body", "body": tick, "more_body": True})
-        await asyncio.sleep(gap_s)  # the upstream's pacing, not a test wait
-    await send({"type": "http.response.body", "body": b""})
+async def _gone(receive: Any) -> None:
+    """Returns once the client has disconnected (a request body is read and dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _ticks(
+    send: Any, receive: Any, start: list[tuple[bytes, bytes]], ticks: Any, gap_s: float
+) -> None:
+    """One tick every ``gap_s`` until the last or until the client is gone (uvicorn drops the
+    sends after a disconnect without raising: an endless stream would tick on forever and
+    keep its server from stopping)."""
+    gone = asyncio.ensure_future(_gone(receive))
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+        for tick in ticks:
+            await send({"type": "http.response.body", "body": tick, "more_body": True})
+            await asyncio.wait({gone}, timeout=gap_s)  # the upstream's pacing
+            if gone.done():
+                return
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        gone.cancel()
 
 
 def _sse_events() -> Any:
@@ -103,10 +121,11 @@ async def app(scope: Scope, receive: Any, send: Any) -> None:
         return
     path: str = scope["path"]
     if path == "/sse":
-        await _ticks(send, SSE_HEADERS, _sse_events(), 0.05)
+        await _ticks(send, receive, SSE_HEADERS, _sse_events(), 0.05)
         return
     if path == "/drip":
-        await _ticks(send, [(b"content-type", b"application/octet-stream")], [b"*"] * 10, 0.1)
+        octets = [(b"content-type", b"application/octet-stream")]
+        await _ticks(send, receive, octets, [b"*"] * 10, 0.1)
         return
     body = await _body(receive)
     status, headers, out = _route(scope, path, body)

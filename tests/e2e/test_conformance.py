@@ -80,13 +80,15 @@ STREAM_CONFIG = ""
 
 @pytest.fixture(scope="module")
 def upstream_port() -> Iterator[int]:
-    """The httpbin-like upstream on uvicorn, for the whole module."""
+    """The httpbin-like upstream on uvicorn, for the whole module; it stops when asked (no
+    stream the tests left is still running)."""
     port = free_port()
     server, thread = serve_in_thread(conformance_upstream.app, port)
     try:
         yield port
     finally:
         stop_thread(server, thread)
+        assert not thread.is_alive(), "the upstream did not stop: a stream outlived its client"
 
 
 def _gateway(tmp: Path, upstream: int, extra: str) -> Any:

@@ -484,22 +484,31 @@ def test_uvicorn_importing_the_gateway_gets_the_wire_protocol() -> None:
 def test_an_idle_connection_is_closed_after_the_keep_alive_time() -> None:
     """After a shed and after a proxied answer alike, an idle connection is closed, and
     a connection that keeps sending is not (the lazy keep-alive timer)."""
-    with pair(server={"keep_alive_ms": 1000}) as (ref, wire):
+    with pair(server={"keep_alive_ms": 1000}) as (ref, wire), ExitStack() as stack:
+        # The four idle connections (each side, a shed and a proxied answer) wait at once.
+        idle = []
         for side in (ref, wire):
             for request in (DOA, PLAIN):
-                with socket.create_connection(("127.0.0.1", side.port), timeout=5) as sock:
-                    sock.sendall(request)
-                    read_responses(sock, 1)
-                    began = time.monotonic()
-                    assert read_to_close(sock) == b""  # closed by the server, not the timeout
-                    assert time.monotonic() - began < 5
-            with socket.create_connection(("127.0.0.1", side.port), timeout=5) as sock:
-                for _ in range(5):  # 5 x 0.3 s: longer than 1 s in all, never idle that long
-                    sock.sendall(DOA)
-                    read_responses(sock, 1)
-                    time.sleep(0.3)
-                sock.sendall(PLAIN)
-                assert b"HTTP/1.1 200" in read_responses(sock, 1)
+                sock = stack.enter_context(socket.create_connection(("127.0.0.1", side.port), 5))
+                sock.sendall(request)
+                read_responses(sock, 1)
+                idle.append((sock, time.monotonic()))
+        for sock, began in idle:
+            assert read_to_close(sock) == b""  # closed by the server, not the timeout
+            assert time.monotonic() - began < 5
+        # Both sides' busy connections keep sending side by side.
+        busy = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", side.port), 5))
+            for side in (ref, wire)
+        ]
+        for _ in range(5):  # 5 x 0.3 s: longer than 1 s in all, never idle that long
+            for sock in busy:
+                sock.sendall(DOA)
+                read_responses(sock, 1)
+            time.sleep(0.3)
+        for sock in busy:
+            sock.sendall(PLAIN)
+            assert b"HTTP/1.1 200" in read_responses(sock, 1)
 
 
 @pytest.mark.parametrize(

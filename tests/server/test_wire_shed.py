@@ -27,7 +27,7 @@ from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.gateway import Gateway
 from ballast_asgi.server.serve import uvicorn_settings
 from ballast_asgi.server.wire import WireShedProtocol
-from tests.e2e.servers import serving
+from tests.e2e.servers import servers, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -114,9 +114,10 @@ def read_to_close(sock: socket.socket) -> bytes:
 
 @contextmanager
 def pair(**overrides: Any) -> Iterator[tuple[Side, Side]]:
-    """The same config served twice: the ASGI path (reference) and the wire."""
-    with ExitStack() as stack:
-        up = stack.enter_context(serving(upstream, lifespan="off"))
+    """The same config served twice: the ASGI path (reference) and the wire (the three
+    servers stopped together)."""
+    with servers() as group:
+        up = group.start(upstream, lifespan="off")
         sides = []
         for wire in (False, True):
             layered = {"shed": {"retry_after_jitter": 0.0}, **overrides}
@@ -131,8 +132,7 @@ def pair(**overrides: Any) -> Iterator[tuple[Side, Side]]:
                 **uvicorn_settings(config.server, config.websocket, base),
                 "access_log": False,
             }
-            port = stack.enter_context(serving(gateway, **settings))
-            sides.append(Side(port, gateway))
+            sides.append(Side(group.start(gateway, **settings), gateway))
         yield sides[0], sides[1]
 
 

@@ -9,13 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
+
+T = TypeVar("T")
 
 #: Environment that makes the gateway read only the config file it is given.
 NO_BALLAST_ENV = {"BALLAST_UPSTREAM": "", "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}
@@ -91,6 +94,36 @@ def no_drain(tmp: Path) -> Path:
     path = tmp / "no-drain.yaml"
     path.write_text("server: {drain_grace_ms: 0}\n")
     return path
+
+
+def enter_together(stack: ExitStack, managers: Sequence[AbstractContextManager[T]]) -> list[T]:
+    """Enter ``managers`` at once (each in its own thread: process start-ups and readiness
+    polls overlap) and exit them at once when ``stack`` closes; their values, in order. The
+    first failure to enter is raised once every other has entered (and is registered)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(managers))) as pool:
+        futures = [pool.submit(m.__enter__) for m in managers]
+    values: list[T] = []
+    entered: list[AbstractContextManager[T]] = []
+    error: BaseException | None = None
+    for manager, future in zip(managers, futures, strict=True):
+        try:
+            values.append(future.result())
+        except BaseException as exc:  # raised below, once the others are registered
+            error = error or exc
+            continue
+        entered.append(manager)
+
+    def exit_all(*exc_info: Any) -> bool:
+        with ThreadPoolExecutor(max_workers=max(1, len(entered))) as pool:
+            exits = [pool.submit(m.__exit__, *exc_info) for m in entered]
+        for done in exits:
+            done.result()  # the first error of a stop, after every stop has run
+        return False
+
+    stack.push(exit_all)
+    if error is not None:
+        raise error
+    return values
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> int:

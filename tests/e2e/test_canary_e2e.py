@@ -6,13 +6,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.support import free_port, stop_process, uvicorn_gateway, wait_http
+from tests.e2e.support import enter_together, free_port, stop_process, uvicorn_gateway, wait_http
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,8 @@ def simulator(error_rate: float) -> Iterator[str]:
 @contextmanager
 def canary_gateway(tmp_path: Path, canary_error_rate: float) -> Iterator[str]:
     """Stable (no errors) and canary simulators behind a gateway with weight 0.3."""
-    with simulator(0.0) as stable, simulator(canary_error_rate) as canary:
+    with ExitStack() as stack:
+        stable, canary = enter_together(stack, [simulator(0.0), simulator(canary_error_rate)])
         config = tmp_path / "ballast.yaml"
         config.write_text(
             f"upstream: {stable}\nmax_concurrent_requests: 64\n"

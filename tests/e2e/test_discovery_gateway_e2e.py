@@ -9,14 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.etcd_server import EtcdServer, etcd_server
-from tests.e2e.support import free_port, stop_process, uvicorn_gateway, wait_http
+from tests.e2e.support import enter_together, free_port, stop_process, uvicorn_gateway, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 #: Start-up bound: five Python processes on a busy shared machine can take a while.
@@ -55,6 +55,16 @@ class Instance:
         """Deregister, then stop serving."""
         stop_process(self.reg)
         stop_process(self.sim)
+
+
+@contextmanager
+def instance(etcd: EtcdServer) -> Iterator[Instance]:
+    """A registered simulator, stopped (deregistered first) on exit."""
+    inst = Instance(etcd)
+    try:
+        yield inst
+    finally:
+        inst.stop()
 
 
 def _snapshot(base: str) -> dict[str, object]:
@@ -109,9 +119,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[EtcdServer, str, list[Instance]]]:
     """etcd, two registered simulators, and a uvicorn gateway that sees both."""
     with ExitStack() as stack:
         etcd = stack.enter_context(etcd_server())
-        instances = [Instance(etcd), Instance(etcd)]
-        for inst in instances:
-            stack.callback(inst.stop)
+        instances = enter_together(stack, [instance(etcd), instance(etcd)])
         config = tmp_path / "gw.yaml"
         config.write_text(
             f"discovery: {{etcd: {{endpoints: [{etcd.url}]}}, service: judged}}\n"

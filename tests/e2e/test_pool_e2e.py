@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from tests.e2e.support import NO_BALLAST_ENV, free_port, stop_process, wait_http
+from tests.e2e.support import NO_BALLAST_ENV, enter_together, free_port, stop_process, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -102,7 +102,7 @@ async def _scenario(
 def test_503_source_is_isolated_within_two_seconds() -> None:
     """Fair spread; a 503 source costs (almost) no client failures and gets nothing after 2 s."""
     with ExitStack() as stack:
-        sims = [stack.enter_context(simulator()) for _ in range(3)]
+        sims = enter_together(stack, [simulator() for _ in range(3)])
         base = stack.enter_context(pool_gateway([url for url, _, _ in sims]))
 
         def make_503() -> None:
@@ -125,7 +125,7 @@ def test_stopped_instance_costs_no_client_failure() -> None:
     nothing, so they are retried on another instance too.
     """
     with ExitStack() as stack:
-        sims = [stack.enter_context(simulator()) for _ in range(3)]
+        sims = enter_together(stack, [simulator() for _ in range(3)])
         base = stack.enter_context(pool_gateway([url for url, _, _ in sims]))
         stop = lambda: stop_process(sims[0][2])  # noqa: E731
         statuses, _, tail, snap = asyncio.run(_scenario(base, stop, posts=True))

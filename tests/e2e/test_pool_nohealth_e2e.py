@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.support import NO_BALLAST_ENV, free_port, stop_process, wait_http
+from tests.e2e.support import NO_BALLAST_ENV, enter_together, free_port, stop_process, wait_http
 from tests.e2e.test_pool_e2e import _traffic
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -81,7 +81,7 @@ def test_503_source_without_health_endpoint_is_isolated() -> None:
     """No /health anywhere: <= 1 % client failures, the 503 source is out within 2 s."""
     log: list[str] = []
     with ExitStack() as stack:
-        urls = [stack.enter_context(no_health_app()) for _ in range(3)]
+        urls = enter_together(stack, [no_health_app() for _ in range(3)])
         base = stack.enter_context(gateway(urls, log))
         started = time.monotonic()
         statuses, tail, snap, stats = asyncio.run(_run(base, urls[0]))

@@ -1,9 +1,9 @@
 """uvicorn in a thread with any settings (lifespan on by default), stopped on exit.
 
 ``serving`` runs one server; ``servers`` a group of them that stop together: a
-uvicorn server takes about 0.2 s to stop (its main loop looks at ``should_exit``
-every 0.1 s, and its shutdown gives connections 0.1 s to close), and a group
-pays that once instead of once per server.
+uvicorn server takes about 0.1 s to stop (its shutdown gives connections 0.1 s
+to close; ``support.ThreadServer`` starts it at once), and a group pays that
+once instead of once per server.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from typing import Any
 
 import uvicorn
 
-from tests.e2e.support import free_port
+from tests.e2e.support import ThreadServer, free_port
 
 
 class Servers:
     """uvicorn servers in threads, each started (and ready) on its own, stopped together."""
 
     def __init__(self) -> None:
-        self.running: list[tuple[uvicorn.Server, threading.Thread]] = []
+        self.running: list[tuple[ThreadServer, threading.Thread]] = []
 
     def start(self, app: Any, **kw: Any) -> int:
         """Serve ``app`` on a free loopback port with uvicorn settings ``kw``; its port."""
         port = free_port()
         settings: dict[str, Any] = {"log_level": "critical", "lifespan": "on", **kw}
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **settings))
+        server = ThreadServer(uvicorn.Config(app, host="127.0.0.1", port=port, **settings))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         self.running.append((server, thread))
@@ -43,7 +43,7 @@ class Servers:
         """Ask every server to exit, then wait for each (a graceful uvicorn shutdown)."""
         running, self.running = self.running, []
         for server, _ in running:
-            server.should_exit = True
+            server.stop()
         for _, thread in running:
             thread.join(10)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -31,14 +33,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ThreadServer(uvicorn.Server):
+    """uvicorn's server for a test's thread: ``stop()`` wakes its main loop at once, where
+    uvicorn's looks at ``should_exit`` only every 0.1 s; the rest (start-up, the ticks, the
+    graceful shutdown) is uvicorn's own."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        """uvicorn's main loop (``on_tick`` every 0.1 s until it says exit), woken by ``stop``."""
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+
+    def stop(self) -> None:
+        """Ask the server to exit (from any thread); it starts its shutdown at once."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: it has stopped
+                loop.call_soon_threadsafe(wake.set)
+
+
 def serve_in_thread(
     app: Any, port: int, lifespan: str = "off"
-) -> tuple[uvicorn.Server, threading.Thread]:
+) -> tuple[ThreadServer, threading.Thread]:
     """Run ``app`` on uvicorn in a thread; return once it accepts connections."""
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
     )
-    server = uvicorn.Server(config)
+    server = ThreadServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     limit = time.monotonic() + 10
@@ -50,7 +78,10 @@ def serve_in_thread(
 
 def stop_thread(server: uvicorn.Server, thread: threading.Thread) -> None:
     """Stop a server started by ``serve_in_thread``."""
-    server.should_exit = True
+    if isinstance(server, ThreadServer):
+        server.stop()
+    else:
+        server.should_exit = True
     thread.join(10)
 
 
@@ -58,7 +89,7 @@ def stop_thread(server: uvicorn.Server, thread: threading.Thread) -> None:
 def thread_servers() -> Iterator[Any]:
     """A ``start(app) -> port`` that serves apps on uvicorn threads (lifespan on); all
     stopped together on exit (a uvicorn stop polls for about 0.2 s: paid once)."""
-    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+    running: list[tuple[ThreadServer, threading.Thread]] = []
 
     def start(app: Any) -> int:
         port = free_port()
@@ -69,7 +100,7 @@ def thread_servers() -> Iterator[Any]:
         yield start
     finally:
         for server, _ in running:
-            server.should_exit = True
+            server.stop()
         for server, thread in running:
             stop_thread(server, thread)
 

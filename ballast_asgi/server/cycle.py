@@ -2,7 +2,7 @@
 
 uvicorn's (0.55) ``RequestResponseCycle`` costs an ``asyncio.Event``, a body
 ``bytearray`` and a closure per request, re-validates every header with two
-regular-expression searches each, and (behind our ``JoinedWrites``) goes
+regular-expression searches each, and (behind the old ``JoinedWrites``, now gone) goes
 through a transport wrapper for each write. ``ResponseCycle`` is the same
 cycle for ``GuardedHttpToolsProtocol`` (and so the gateway's
 ``WireShedProtocol``), with every guarantee of uvicorn's ``send``/``receive``
@@ -19,7 +19,7 @@ kept and the same bytes written in the same order:
   open (HTTP/1.0, ``Connection: close`` either way, shutdown), ``Expect:
   100-continue`` answered at the first ``receive``, write backpressure waited
   for before each message, a disconnected client's messages dropped;
-* the writes of a response are joined (what ``JoinedWrites`` did, now in the
+* the writes of a response are joined (what the old ``JoinedWrites`` did, now in the
   cycle): kept until the response completes, the loop turns (``call_soon``),
   64 KiB are pending, or the protocol writes itself (``flush``, found as
   ``protocol._writing``), then written at once, nothing once closing; a
@@ -137,7 +137,7 @@ class ResponseCycle:
 
     # The joined writes.
     def _write(self, data: bytes) -> None:
-        """Keep ``data`` (``JoinedWrites.write``): written at the limit or on the next turn."""
+        """Keep ``data``: written at the limit (``_JOIN_LIMIT``) or on the next loop turn."""
         pending = self._pending
         if pending is None:
             self._pending = [data]

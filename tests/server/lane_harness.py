@@ -20,6 +20,7 @@ the comparison are one instrument; each is small and only the test module uses t
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import socket
@@ -520,11 +521,14 @@ def lane_pair(*, upstream_url: str | None = None, **overrides: Any) -> Iterator[
     upstream.start()
     with ExitStack() as stack:
         stack.callback(upstream.stop)
+        stack.callback(gc.collect)  # a leaked transport is reported by this test, not a later one
         url = upstream_url or f"http://127.0.0.1:{upstream.port}"
         arms = []
         for lane in (False, True):
             layered = {"shed": {"retry_after_jitter": 0.0}, **overrides}
-            layered["server"] = {**overrides.get("server", {}), "lane": lane}
+            # A request that never ends is closed 2 s into shutdown (``serving`` waits 10 s).
+            server = {"shutdown_timeout_ms": 2_000, **overrides.get("server", {}), "lane": lane}
+            layered["server"] = server
             config = load_config(env={"BALLAST_UPSTREAM": url}, overrides=layered)
             gateway = CountingGateway(config, env={})
             gateway.server_may_rewrite = False

@@ -680,3 +680,76 @@ def test_the_lane_arm_serves_the_common_get_without_an_asgi_call(shared: Pair) -
 
     obs = shared.same(script)
     assert (obs.extra["asgi_calls"], obs.extra["lane_asgi_calls"]) == (6, 0)
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 4095, 4096, 16384, 65535, 65536, 65537, 131072, 262144, 1048577]
+)
+def test_body_sizes_around_buffer_boundaries(shared: Pair, size: int) -> None:
+    """Bodies around the read, join and high-water sizes: every byte, then the next request."""
+    body = (bytes(range(256)) * (size // 256 + 1))[:size]
+    path = f"/size-{size}"
+    shared.upstream.program(path, ok(body))
+    obs = shared.same(then_after(get(path.encode())))
+    assert obs.responses[0][0].endswith(b"\r\n\r\n" + body)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n" + ok(b"after hints"),
+        ok(b"says close", extra=b"Connection: close\r\n"),
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-F%d: v\r\n" % i for i in range(97)) + ok(b"")[17:],
+    ],
+    ids=["unasked-101", "early-hints-103", "close-but-open", "99-fields"],
+)
+def test_more_upstream_heads_then_the_next_request(reply: bytes) -> None:
+    """An unasked 101, a 103 before the answer, a Connection: close on a connection left open,
+    99 header fields: the same answer and the same next request on both arms."""
+    with fresh(odd=reply, after=ok(b"after")) as pair:
+        obs = pair.same(then_after(get(b"/odd")))
+        assert obs.responses[0][1].endswith(b"after")
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_time() -> None:
+    """server.keep_alive_ms 300: after a served GET the idle connection is closed by the
+    server on both arms (the lane arms uvicorn's keep-alive timer too); read to the close."""
+    with lane_pair(server={"keep_alive_ms": 300}) as pair:
+        pair.upstream.program("/idle", ok(b"idle"))
+
+        def script(arm: Arm) -> list[Client]:
+            c = arm.client()
+            c.send(get(b"/idle"))
+            c.response()
+            rest = c.until_close()
+            arm.notes.append(f"closed by the server: {c.transcript[-1:] != [b'<timeout>']}")
+            arm.notes.append(f"then: {rest!r}")
+            c.close()
+            return []
+
+        obs = pair.same(script)
+        assert obs.notes == ["closed by the server: True", "then: b''"]
+
+
+def test_a_client_that_half_closes_after_its_request() -> None:
+    """A client that sends its GET and shuts its write side: what comes back, and the close."""
+    with fresh(half=ok(b"half")) as pair:
+
+        def script(arm: Arm) -> list[Client]:
+            c = arm.client()
+            c.send(get(b"/half"))
+            c.sock.shutdown(socket.SHUT_WR)
+            arm.notes.append(f"upstream got it: {arm.wait_upstream(lambda u: bool(u.received))}")
+            c.transcript.append(c.until_close())
+            return [c]
+
+        obs = pair.same(script)
+        assert obs.endings == ["closed"]
+
+
+def test_http_1_0_with_keep_alive(shared: Pair) -> None:
+    """HTTP/1.0 asking for keep-alive: answered the same way, the connection the same."""
+    shared.upstream.program("/ten-ka", ok(b"ten"))
+    obs = shared.same(one(get(b"/ten-ka", b"Connection: keep-alive\r\n", version=b"1.0")))
+    assert obs.responses[0][0].endswith(b"ten")

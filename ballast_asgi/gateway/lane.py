@@ -93,15 +93,28 @@ class Lane:
         try:
             self._first(entered, cycle)
         except Exception as exc:  # a bug must not leak the permit: ``run_asgi``'s 500
-            ctx, _, permit = entered
-            ticket = ctx.ticket
-            if ticket is not None and not ticket.settled:
-                ticket.cancel()
-            ctx.ticket = None
-            cycle.fail(exc)
-            finish(permit, ctx, self._clock())
-            self._held.leave()
+            ctx = entered[0]
+            ticket, ctx.ticket = ctx.ticket, None
+            self.failed(entered, cycle, ticket, None, exc)
         return True
+
+    def failed(
+        self, entered: Entered, cycle: Any, ticket: Any, client: str | None, exc: Exception
+    ) -> None:
+        """The lane raised while it held the request: what ``run_asgi`` and the stages'
+        ``finally`` do for an app that raised (the ticket settled as recorded, or neutral;
+        uvicorn's 500 or the close; the permit released, the slot left)."""
+        ctx = entered[0]
+        if ticket is not None and not ticket.settled:
+            self._breaker.settle(ticket, ctx.outcome or _GATEWAY_ERROR, client)
+        cycle.fail(exc)
+        self.finished(entered)
+
+    def finished(self, entered: Entered) -> None:
+        """The request is over: its permit released with the attempt's signal, its slot left."""
+        ctx, _, permit = entered
+        finish(permit, ctx, self._clock())
+        self._held.leave()
 
     def _first(self, entered: Entered, cycle: Any) -> None:
         """The first attempt: the retry stage's ``begin``, the breaker's ticket, the upstream
@@ -154,7 +167,7 @@ class _Exchange:
         """The upstream's answer: its head is in, or more of its body (``error`` None), or
         the exchange failed (before its head, or while its body was awaited)."""
         lane = self.lane
-        ctx, scope, permit = self.entered
+        ctx, scope, _ = self.entered
         cycle = self.cycle
         response = self.response
         try:
@@ -185,11 +198,9 @@ class _Exchange:
             else:  # the upstream's head as llhttp and ``response_head`` checked it
                 cycle.deliver_relayed(status, headers, body)
         except Exception as exc:  # what ``run_asgi`` does for an app that raised
-            if not self.ticket.settled:
-                lane._breaker.settle(self.ticket, ctx.outcome or _GATEWAY_ERROR, self.client)
-            cycle.fail(exc)
-        finish(permit, ctx, lane._clock())
-        lane._held.leave()
+            lane.failed(self.entered, cycle, self.ticket, self.client, exc)
+            return
+        lane.finished(self.entered)
 
     def _hand_on(self, error: httpx.TransportError | None) -> None:
         """The ASGI path goes on from this attempt's result (``ctx.prefetched``): the

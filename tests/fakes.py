@@ -2,7 +2,8 @@
 
 Upstreams: ``StatusUpstream`` (a fixed status, counts calls, records the outcome),
 ``EchoUpstream`` (echoes the body, records the order served) as ASGI apps;
-``EchoHandler`` and ``HoldingHandler`` as ``httpx.MockTransport`` handlers.
+``EchoHandler`` and ``HoldingHandler`` as ``httpx.MockTransport`` handlers;
+``CountingGateway``: the gateway, counting the HTTP requests that reach it as ASGI calls.
 
 Fakes, not mocks: each is a small real implementation of the seam it stands in for.
 """
@@ -17,6 +18,7 @@ import httpx
 
 from ballast_asgi.core.limit import FixedLimit, Sample
 from ballast_asgi.core.types import Message, Receive, Scope, Send
+from ballast_asgi.gateway import Gateway
 from ballast_asgi.middleware.context import find_context
 from ballast_asgi.proxy.upstream import SingleUpstream, Upstream
 
@@ -159,3 +161,14 @@ class BodyEnds(SingleUpstream):
 
     def report_body(self, upstream: Upstream, complete: bool, now: float) -> None:
         self.ends.append(complete)
+
+
+class CountingGateway(Gateway):
+    """A gateway that counts the HTTP requests that reach it as ASGI calls."""
+
+    calls = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.calls += 1
+        await super().__call__(scope, receive, send)

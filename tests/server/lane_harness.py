@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ballast_asgi.config import load_config
-from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.gateway import Gateway
 from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.servers import serving
 from tests.e2e.support import free_port
+from tests.fakes import CountingGateway
 
 #: Every socket read in the harness gives up after this long (a bound, never a pause).
 READ_TIMEOUT_S = 5.0
@@ -355,17 +355,6 @@ class Observation:
 
 
 Script = Callable[["Arm"], list[Client]]
-
-
-class CountingGateway(Gateway):
-    """A gateway that counts the HTTP requests that reach it as ASGI calls."""
-
-    calls = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            self.calls += 1
-        await super().__call__(scope, receive, send)
 
 
 @dataclass

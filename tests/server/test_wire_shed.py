@@ -28,6 +28,7 @@ from ballast_asgi.gateway import Gateway
 from ballast_asgi.server.serve import uvicorn_settings
 from ballast_asgi.server.wire import WireShedProtocol
 from tests.e2e.servers import servers, serving
+from tests.fakes import CountingGateway
 
 pytestmark = pytest.mark.e2e
 
@@ -42,17 +43,6 @@ async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
     headers = [(b"content-type", b"text/plain"), (b"content-length", b"2")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": b"ok"})
-
-
-class CountingGateway(Gateway):
-    """A gateway that counts the HTTP requests that reach it as ASGI calls."""
-
-    calls = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            self.calls += 1
-        await super().__call__(scope, receive, send)
 
 
 @dataclass

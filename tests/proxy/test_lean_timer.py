@@ -8,6 +8,7 @@ early and re-armed, never failed before its own bound.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -15,6 +16,8 @@ import pytest
 from ballast_asgi.proxy.calls import direct_call
 from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
 from ballast_asgi.proxy.transports.lean import LeanTransport, lean_limits
+from ballast_asgi.proxy.transports.lean_conn import Conn
+from ballast_asgi.proxy.transports.lean_wire import HIGH_WATER_BYTES, LeanResponse
 from tests.lean_support import Raw, answering, body_of, get, raw_upstream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -83,7 +86,7 @@ async def test_an_early_check_does_not_fail_a_longer_bound() -> None:
         {"connect": 2.0, "read": 30.0, "write": 30.0, "pool": 30.0},
         {"connect": 0.5, "read": 1.0, "write": 1.0, "pool": 1.0, "total": 1.0},
         {"connect": 0.5, "read": 5.0, "write": 5.0, "pool": 0.0, "total": 2.0},
-        {"connect": 0.5, "read": 0.2, "write": 1.0, "pool": 1.0, "total": 2.0},
+        {"connect": 0.5, "read": 0.5, "write": 1.0, "pool": 1.0, "total": 2.0},
         {"connect": None, "read": None, "write": None, "pool": None},
         {"read": 1.0},
     ],
@@ -117,14 +120,82 @@ async def test_a_paused_read_is_not_the_upstreams_idle_time() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size
     async with raw_upstream(answering(head + b"x" * size)) as (_raw, up):
         transport = LeanTransport()
-        limits = client_timeout({"connect": 1.0, "read": 0.2, "write": 1.0, "pool": 1.0})
+        limits = client_timeout({"connect": 1.0, "read": 0.5, "write": 1.0, "pool": 1.0})
         response = await get(transport, up, limits=limits)
         got = 0
         async with asyncio.timeout(20.0):  # a hang fails the test instead of blocking it
             async for chunk in response.stream:  # type: ignore[attr-defined]
                 if not got:
-                    await asyncio.sleep(0.6)  # the consumer's pace: three idle bounds
+                    await asyncio.sleep(1.2)  # the consumer's pace: more than two idle bounds
                 got += len(chunk)
         await response.aclose()
         await transport.aclose()
     assert got == size
+
+
+class _Clock:
+    """A loop stand-in for one connection: time is set by the test, timers are recorded."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = 0.0
+        self.timers: list[tuple[float, Any]] = []
+        self.create_future = loop.create_future
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, at: float, callback: Any) -> asyncio.TimerHandle:
+        self.timers.append((at, callback))
+        return asyncio.TimerHandle(at, lambda: None, (), asyncio.get_running_loop())
+
+    def fire_until(self, at: float) -> None:
+        """Run every timer due by loop time ``at``, in order, as the loop would."""
+        while True:
+            due = sorted((t for t in self.timers if t[0] <= at), key=lambda t: t[0])
+            if not due:
+                self.now = at
+                return
+            self.timers.remove(due[0])
+            self.now = due[0][0]
+            due[0][1]()
+
+
+class _Socket:
+    """The transport under a ``Conn``: only the read switch is used."""
+
+    def __init__(self) -> None:
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+async def test_the_idle_bound_starts_again_when_a_paused_read_resumes() -> None:
+    """Paused by a slow consumer, the timer fires and re-arms; on resume, the upstream gets a
+    whole idle bound from that moment, however long ago the last re-arm was (it failed after
+    a sliver of it, the CI failure of stop 37)."""
+    clock = _Clock(asyncio.get_running_loop())
+    conn = Conn(("127.0.0.1", 1), lambda conn, reuse: None)
+    conn.loop = clock  # type: ignore[assignment]
+    sock = _Socket()
+    conn.transport = sock  # type: ignore[assignment]
+    response = LeanResponse(conn, False, 8190, None, 0.25)  # times in binary fractions
+    size = 4 * HIGH_WATER_BYTES
+    conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+    conn.data_received(b"x" * (HIGH_WATER_BYTES + 1))  # over the high water: reading stops
+    assert response.final and conn.paused and not sock.reading
+    clock.fire_until(0.625)  # the consumer's pause: the timer fired at 0.25 and 0.5, re-armed
+    assert response._error is None and conn.paused
+    body = response.__aiter__()
+    assert len(await body.__anext__()) == HIGH_WATER_BYTES + 1  # resumes reading at 0.625
+    assert sock.reading and not conn.paused
+    clock.fire_until(0.75)  # the timer armed at 0.5 fires 0.125 s after the resume: no failure
+    assert response._error is None
+    conn.data_received(b"x" * 10)  # a read at 0.75
+    clock.fire_until(0.9375)
+    assert response._error is None
+    clock.fire_until(1.0)  # 0.25 s with no byte after the last read: failed
+    assert isinstance(response._error, httpx.ReadTimeout)

@@ -311,7 +311,8 @@ class LeanResponse(DirectResponse):
             chunks = self._chunks
             if chunks:
                 self._chunks, self._size = [], 0
-                if not self._released:  # once released the connection is someone else's
+                if not self._released and self._conn.paused:  # released: someone else's
+                    self._last = self._loop.time()  # the upstream's idle bound starts again
                     self._conn.pause(False)
                 yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
             elif self._error is not None:

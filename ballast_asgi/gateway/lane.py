@@ -41,10 +41,14 @@ lane; ``tests/server/test_lane*.py`` compare bytes on a real server.
 
 What is not in the lane, on purpose: request bodies, upgrades, rate limits
 (they await Redis), pools, canary and discovery (their selectors choose),
-the access log and dry-run (the stack is not the plain one then), and a
-client that leaves while the upstream answers: as on the ASGI path, the
-exchange finishes (bounded by the deadline) and its answer is dropped.
+the access log and dry-run (the stack is not the plain one then).
 ``server.lane: false`` turns the lane off.
+
+A client that leaves while the upstream works (``ResponseCycle.left`` calls
+``_Exchange.gone``): before the head, the upstream connection is closed at once
+and the request goes to the ASGI path with ``ClientGone`` as the attempt's
+result, which records ``CLIENT_GONE`` and releases as the ASGI path does when
+the proxy's own wait is cancelled the same way (``ResponseCycle.stop``).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from ballast_asgi.core.types import Receive, Scope, Send
 from ballast_asgi.middleware.concurrency import finish
 from ballast_asgi.middleware.pipeline import Entered, Pipeline
 from ballast_asgi.proxy.app import ProxyApp
+from ballast_asgi.proxy.body import ClientGone
 from ballast_asgi.proxy.laned import Checked, LanedProxy
 
 
@@ -105,6 +110,7 @@ class Lane:
         ``finally`` do for an app that raised (the ticket settled as recorded, or neutral;
         uvicorn's 500 or the close; the permit released, the slot left)."""
         ctx = entered[0]
+        cycle.on_gone = None
         if ticket is not None and not ticket.settled:
             self._breaker.settle(ticket, ctx.outcome or _GATEWAY_ERROR, client)
         cycle.fail(exc)
@@ -133,8 +139,10 @@ class Lane:
         retry = self._retry
         retrying = retry is not None and retry.begin(child, ctx)
         exchange = _Exchange(self, cycle, entered, retrying, ticket, client)
+        cycle.on_gone = exchange.gone  # before: an answer told at once clears it
         begun = self.proxy.begin(child, ctx, exchange.told)
         if begun is None:  # the proxy's own way (connect, 504, ...) with this ticket
+            cycle.on_gone = None
             cycle.start(_Run(partial(pipeline.permitted, entered, retrying)))
             return
         ctx.ticket = None  # the exchange holds it (and hands it on with the request, if so)
@@ -169,6 +177,7 @@ class _Exchange:
         lane = self.lane
         ctx, scope, _ = self.entered
         cycle = self.cycle
+        cycle.on_gone = None
         response = self.response
         try:
             if error is not None:  # after the head: the ASGI path relays it, then fails
@@ -183,6 +192,7 @@ class _Exchange:
                     return
             if not response.complete:
                 response.notify = self.told  # the rest of a small body: told again
+                cycle.on_gone = self.gone
                 return
             answer = None
             if not cycle.flow.write_paused:  # else the ASGI path's ``send`` waits for it
@@ -202,7 +212,22 @@ class _Exchange:
             return
         lane.finished(self.entered)
 
-    def _hand_on(self, error: httpx.TransportError | None) -> None:
+    def gone(self) -> None:
+        """The client left before its answer (``ResponseCycle.left``). Before the head, the
+        upstream exchange ends now (its connection closed: no more upstream work for an
+        answer nobody reads) and the ASGI path records the attempt as the proxy does
+        (``ClientGone``: ``CLIENT_GONE``, neutral), then releases what the request holds.
+        With the head in (a small body still coming), the ASGI path takes the response as
+        it is and finds the client gone at its first write, as it would have."""
+        response = self.response
+        response.notify = None
+        if self.checked is None:
+            response.abort()
+            self._hand_on(ClientGone())
+        else:
+            self._hand_on(None)
+
+    def _hand_on(self, error: Exception | None) -> None:
         """The ASGI path goes on from this attempt's result (``ctx.prefetched``): the
         response (its head is in), or the error before it."""
         ctx = self.entered[0]

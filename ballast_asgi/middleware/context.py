@@ -136,6 +136,13 @@ class RequestContext:
 #: copies contexts): their calls share the request's deadline.
 CURRENT_CONTEXT: ContextVar[RequestContext | None] = ContextVar("ballast_request", default=None)
 
+#: The running ASGI task's request cycle when the gateway's own server runs it
+#: (``server/cycle.py`` sets it; None under any other server). The proxy registers
+#: ``cycle.on_gone = cycle.stop`` while it waits for the upstream's head: a client that
+#: leaves then cancels that wait (the upstream connection closed), instead of the
+#: upstream working on until the deadline for an answer nobody reads.
+LEAVING: ContextVar[Any] = ContextVar("ballast_leaving", default=None)
+
 
 def current_context() -> RequestContext | None:
     """The context of the admitted request this task serves, or None outside one."""

@@ -25,6 +25,13 @@ says it for users), by module:
   (``headers.response_head``) is a protocol error, refused before any byte.
 * The response (``respond.py``): streamed back with backpressure; a slow
   client or a failure mid-body aborts the connection.
+* A client that leaves (under the gateway's own server): the wait for the
+  upstream's head or body is cancelled (``ResponseCycle.stop``, registered as
+  the cycle's ``on_gone``), the upstream connection closed, ``client_gone``.
+
+Longer than 320 lines on purpose: one attempt is inline in ``__call__`` (no
+coroutine per layer on the common path, issue 18), which the lane
+(``gateway/lane.py``, ``laned.py``) follows step by step.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from ballast_asgi.core.errors import HeaderError
 from ballast_asgi.core.head import NO_HEAD, HeadLimits, read_head
 from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, Receive, Scope, Send
-from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.context import LEAVING, RequestContext, find_context
 from ballast_asgi.middleware.responses import send_refusal
 from ballast_asgi.proxy.body import (
     BodyMismatch,
@@ -84,6 +91,8 @@ from ballast_asgi.telemetry.metrics import Metrics
 _FRAMING_ONLY = HeadLimits(max_headers=0, max_header_bytes=0)
 _CONTENT_LENGTH = b"content-length"
 _CHUNKED = (b"transfer-encoding", b"chunked")
+#: What the wait for an upstream head ends with, other than a head (``_attempt_failed``).
+_NO_HEAD = (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge, BodyMismatch)
 
 
 class ProxyApp:
@@ -232,38 +241,56 @@ class ProxyApp:
         # The attempt, up to the checked response head (bounded by ``head_s``), recorded
         # once; a head ``response_head`` refuses is a protocol error (502). Inline: no
         # coroutine per layer on the common path.
-        try:
-            if head_s is None:
-                response = await call
+        cycle = LEAVING.get()  # our server's cycle: a client that leaves cancels the wait
+        if cycle is not None:  # for the upstream (its head or body): ``ResponseCycle.stop``
+            if cycle.disconnected:  # gone already (the lane handed it on): at the first wait
+                cycle.stop()
             else:
-                async with asyncio.timeout(head_s):
+                cycle.on_gone = cycle.stop
+        try:
+            try:
+                if head_s is None:
                     response = await call
-        except (httpx.TransportError, TimeoutError, ClientGone, BodyTooLarge, BodyMismatch) as exc:
-            await self._attempt_failed(exc, upstream, send, ctx, source)
-            return
-        status = response.status_code
-        raw = response.raw_headers if isinstance(response, DirectResponse) else response.headers.raw
-        try:
-            controls = not getattr(response, "values_checked", False)
-            relayed = response_head(status, raw, self._max_headers, self._max_head_bytes, controls)
-        except BadResponseHead as exc:
-            await response.aclose()  # not read: the upstream connection is closed
-            await self._attempt_failed(exc, upstream, send, ctx, source)
-            return
-        now = self.clock()
-        rtt_s = now - started
-        if self.metrics is not None:
-            self.metrics.upstream_latency.observe(rtt_s)
-        outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
-        self._record(ctx, upstream, outcome, rtt_s, now)
-        try:
-            await self._relay.respond(selector, response, relayed, upstream, scope, receive,
-                                      send, ctx, source, host)  # fmt: skip
+                else:
+                    async with asyncio.timeout(head_s):
+                        response = await call
+            except _NO_HEAD as exc:
+                await self._attempt_failed(exc, upstream, send, ctx, source)
+                return
+            status = response.status_code
+            direct = isinstance(response, DirectResponse)
+            raw = response.raw_headers if direct else response.headers.raw
+            try:
+                checked = getattr(response, "values_checked", False)
+                relayed = response_head(status, raw, self._max_headers, self._max_head_bytes,
+                                        not checked)  # fmt: skip
+            except BadResponseHead as exc:
+                await response.aclose()  # not read: the upstream connection is closed
+                await self._attempt_failed(exc, upstream, send, ctx, source)
+                return
+            now = self.clock()
+            rtt_s = now - started
+            if self.metrics is not None:
+                self.metrics.upstream_latency.observe(rtt_s)
+            outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
+            self._record(ctx, upstream, outcome, rtt_s, now)
+            try:
+                await self._relay.respond(selector, response, relayed, upstream, scope, receive,
+                                          send, ctx, source, host)  # fmt: skip
+            finally:
+                if isinstance(response, LeanResponse):
+                    response.abort()  # what its ``aclose`` does, without a coroutine
+                else:
+                    await response.aclose()
+        except asyncio.CancelledError:
+            if cycle is None or not cycle.stopped:
+                raise
+            cycle.stopped = False  # ours: the client left (the exchange closed its connection)
+            cycle.task.uncancel()
+            gone(ctx)
         finally:
-            if isinstance(response, LeanResponse):
-                response.abort()  # what its ``aclose`` does, without a coroutine
-            else:
-                await response.aclose()
+            if cycle is not None:
+                cycle.on_gone = None
 
     async def _attempt_failed(
         self,
@@ -274,7 +301,7 @@ class ProxyApp:
         source: RequestBodyStream | None,
     ) -> None:
         """No head: the client left, the body was too large, or the upstream failed."""
-        if source is not None and source.gone:
+        if (source is not None and source.gone) or exc.__class__ is ClientGone:
             gone(ctx)
             return
         if source is not None and source.too_large:

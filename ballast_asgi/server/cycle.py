@@ -37,11 +37,13 @@ that each guarantee can be checked against uvicorn's code side by side.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
+from ballast_asgi.middleware.context import LEAVING
 from ballast_asgi.server.joined import _JOIN_LIMIT
 
 if TYPE_CHECKING:
@@ -88,11 +90,14 @@ class ResponseCycle:
         "keep_alive",
         "message_event",
         "more_body",
+        "on_gone",
         "on_response",
         "protocol",
         "response_complete",
         "response_started",
         "scope",
+        "stopped",
+        "task",
         "transport",
         "waiting_for_100_continue",
     )
@@ -126,6 +131,12 @@ class ResponseCycle:
         self._pending: list[bytes] | None = None
         self._size = 0
         self._scheduled = False
+        #: Called once when the client leaves before the response is complete (the lane's
+        #: exchange, or the proxy's upstream wait: ``stop``); the ASGI task running the
+        #: request (``_start_asgi_task``), and whether ``stop`` cancelled it.
+        self.on_gone: Callable[[], None] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stopped = False
 
     def wake(self) -> None:
         """uvicorn's ``message_event.set()``: something for ``receive`` happened."""
@@ -179,8 +190,25 @@ class ResponseCycle:
             self.transport.close()
 
     # ASGI exception wrapper
+    def left(self) -> None:
+        """The client left before the response was complete (``connection_lost``)."""
+        self.disconnected = True
+        hook = self.on_gone
+        if hook is not None:
+            self.on_gone = None
+            hook()
+
+    def stop(self) -> None:
+        """Cancel the request's task where it waits for the upstream (the proxy registers
+        this as ``on_gone`` for that wait only, and takes the cancellation back there)."""
+        task = self.task
+        if task is not None and not task.done():
+            self.stopped = True
+            task.cancel()
+
     async def run_asgi(self, app: Any) -> None:
         """uvicorn's ``run_asgi``: the app, a 500 when it failed before its response."""
+        LEAVING.set(self)  # in this task's own context
         try:
             result = await app(self.scope, self.receive, self.send)
         except BaseException as exc:
@@ -202,6 +230,7 @@ class ResponseCycle:
                 self._close()
         finally:
             self.on_response = _noop
+            self.on_gone = self.task = None  # no cycle through the task's frames
 
     def fail(self, exc: BaseException) -> None:
         """``run_asgi``'s answer to an app that raised, without waiting (the lane's): logged,

@@ -136,7 +136,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None:
             if not cycle.response_complete:
-                cycle.disconnected = True
+                cycle.left()  # disconnected; the lane's or the proxy's upstream wait ends
             cycle.wake()
         if self.flow is not None:
             self.flow.resume_writing()
@@ -281,6 +281,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
         else:
             task = self.loop.create_task(cycle.run_asgi(app))
+        cycle.task = task
         task.add_done_callback(self._discard)
         self.tasks.add(task)
 

@@ -162,23 +162,74 @@ async def test_the_lane_answers_the_script_as_the_asgi_path() -> None:
         assert rig.pool.in_use == 0
 
 
-async def test_a_client_gone_while_the_lane_waits_releases_everything() -> None:
-    """The client leaves before the upstream answers: the exchange ends (as on the ASGI
-    path, its answer is dropped), the permit and slot are released, nothing is written."""
-    rig = LaneRig(lambda request, earlier: [], lane=True)  # an upstream that never answers
+async def _leave_while_the_upstream_works(lane: bool) -> list[str]:
+    """The client leaves before an upstream that never answers does: checked, the metrics."""
+    rig = LaneRig(lambda request, earlier: [], lane=lane)
     await rig.start()
     rig.protocol.data_received(get("/ok"))
-    await asyncio.sleep(0)
-    assert len(rig.seen) == 1 and rig.tasks == 0
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(rig.seen) == 1 and rig.tasks == (0 if lane else 1)
+    (conn,) = [c for c in rig.conns if c.exchange is not None]
     rig.protocol.connection_lost(None)
-    conn = next(c for c in rig.conns if c.exchange is not None)
-    conn.data_received(_resp(200, BODY))  # the answer comes after all
+    assert conn.closed or not lane  # the lane's: at once, from the server's callback
     for _ in range(20):
         await asyncio.sleep(0)
+    assert conn.closed  # the ASGI path's: its task cancelled where it awaits the head
     assert rig.client.out == []
     parts = rig.gw.pieces.parts
     assert parts.limiter.inflight == 0 and parts.capacity is not None
     assert parts.capacity.held == 0 and rig.pool.in_use == 0
+    assert rig.tasks == 1  # the lane hands the end to the ASGI path (ClientGone)
+    return rig.metrics()
+
+
+async def test_a_client_gone_while_the_upstream_works_ends_the_exchange() -> None:
+    """The client leaves before the upstream answers: on either path the upstream connection
+    is closed at once (the upstream's work is not waited for until the deadline), nothing
+    is written, the permit, slot and connection are released, and no upstream error, RTT
+    or breaker failure is counted (``client_gone`` is neutral): the same metrics."""
+    lines = await _leave_while_the_upstream_works(True)
+    assert lines == await _leave_while_the_upstream_works(False)
+    counted = [line for line in lines if not line.endswith(" 0.0")]
+    assert 'ballast_requests_total{priority="standard"} 1.0' in counted
+    assert not any(
+        line.startswith(("ballast_upstream_errors", "ballast_upstream_latency_seconds_count"))
+        for line in counted
+    ), counted
+
+
+async def _leave_before_the_body(lane: bool) -> list[str]:
+    """The head is in, the rest of a small body never comes, the client leaves: checked,
+    the metrics."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"
+    rig = LaneRig(lambda request, earlier: [head + b"12345"], lane=lane)
+    await rig.start()
+    rig.protocol.data_received(get("/ok"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert rig.tasks == (0 if lane else 1)  # waiting for the body (the ASGI path streams)
+    assert rig.client.out == [] or not lane
+    rig.protocol.connection_lost(None)
+    written = len(rig.client.out)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert rig.tasks == 1 and len(rig.client.out) == written  # nothing after the leave
+    parts = rig.gw.pieces.parts
+    assert parts.limiter.inflight == 0 and parts.capacity is not None
+    assert parts.capacity.held == 0 and rig.pool.in_use == 0
+    assert all(c.closed for c in rig.conns if c.exchange is not None or c in rig.pool.idle)
+    return rig.metrics()
+
+
+async def test_a_client_gone_before_the_body_ends_both_paths_alike() -> None:
+    """The head is in and the client leaves while the body is awaited: the lane hands the
+    response on and the ASGI path (its relay's wait cancelled by ``ResponseCycle.stop``)
+    ends it as it ends its own: the attempt recorded at its head, nothing more written,
+    everything released, the upstream connection closed; the same metrics."""
+    lines = await _leave_before_the_body(True)
+    assert lines == await _leave_before_the_body(False)
+    assert "ballast_upstream_latency_seconds_count 1.0" in lines, lines
 
 
 async def test_a_client_that_does_not_read_gets_its_answer_from_the_asgi_path() -> None:

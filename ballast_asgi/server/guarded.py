@@ -119,6 +119,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         #: The app's lane (``Gateway.serve_in_lane``, ADR 0020): given a request's scope and
         #: cycle, it serves the request itself (True) or leaves it to the ASGI task.
         self._lane: Any = getattr(self.app, "serve_in_lane", None)
+        #: The cycle being served (``self.cycle`` is the newest: a pipelined one waits).
+        self._serving: ResponseCycle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -138,6 +140,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if not cycle.response_complete:
                 cycle.left()  # disconnected; the lane's or the proxy's upstream wait ends
             cycle.wake()
+        serving = self._serving
+        if serving is not None and serving is not cycle and not serving.response_complete:
+            serving.left()  # pipelined: the request in service is not the newest one
+            serving.wake()
         if self.flow is not None:
             self.flow.resume_writing()
         if exc is None:
@@ -253,6 +259,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.expect_100_continue,
         )
         if existing is None or existing.response_complete:
+            self._serving = cycle
             lane = self._lane  # the app's lane (ADR 0020) takes the request, or the task runs
             if lane is None or upgrade or app is not self.app or not lane(scope, cycle):
                 self._start_asgi_task(cycle, app)
@@ -282,6 +289,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             task = self.loop.create_task(cycle.run_asgi(app))
         cycle.task = task
+        self._serving = cycle
         task.add_done_callback(self._discard)
         self.tasks.add(task)
 

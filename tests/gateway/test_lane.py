@@ -199,6 +199,32 @@ async def test_a_client_gone_while_the_upstream_works_ends_the_exchange() -> Non
     ), counted
 
 
+@pytest.mark.parametrize("lane", [True, False])
+async def test_a_client_gone_during_a_pipelined_request_ends_it(lane: bool) -> None:
+    """Two requests pipelined, the first answered, the second's upstream never answers, a
+    third queued behind it; the client leaves: the request in service (not the newest
+    cycle, which is the queued one) ends at once, its upstream connection closed,
+    nothing held."""
+
+    def upstream(request: bytes, earlier: list[bytes]) -> list[bytes]:
+        return [_resp(200, BODY)] if b"/ok" in request else []
+
+    rig = LaneRig(upstream, lane=lane)
+    await rig.start()
+    rig.protocol.data_received(get("/ok") + get("/hold") + get("/ok"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert rig.client.out and len(rig.seen) == 2  # the first answered, the second sent
+    (conn,) = [c for c in rig.conns if c.exchange is not None]
+    rig.protocol.connection_lost(None)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert conn.closed
+    parts = rig.gw.pieces.parts
+    assert parts.limiter.inflight == 0 and parts.capacity is not None
+    assert parts.capacity.held == 0 and rig.pool.in_use == 0 and len(rig.seen) == 2
+
+
 async def _leave_before_the_body(lane: bool) -> list[str]:
     """The head is in, the rest of a small body never comes, the client leaves: checked,
     the metrics."""

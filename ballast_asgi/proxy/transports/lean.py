@@ -25,6 +25,16 @@ reads. Errors are httpx's as ``map_error`` gives them: refused ->
 ``lean_wire.py``. No request is ever sent twice (no hidden retry, not even on
 a pooled connection the upstream had closed).
 
+A connection whose answer was a 500 sits out ``REST_S`` (50 ms) before it is
+reused, and is dropped if the upstream closes it meanwhile. uvicorn, and so
+every FastAPI or Starlette app, closes the connection right after the 500 of
+an unhandled exception, without ``Connection: close`` (the FIN follows about
+1 ms later, 5 ms at worst here, with the traceback logged); a request sent on
+it in that moment was failed as a protocol error (retried for a GET, a 502
+for a POST: 3-5 of 50 POSTs after a 500, issue 31's note). Other upstreams
+keep such a connection: it comes back after the rest (no reconnect, no
+TIME_WAIT); meanwhile it counts against ``max_connections``.
+
 ``begin`` is the lane's form (ADR 0020): no body, an idle connection taken and
 the request written without waiting, the answer told to a callback.
 
@@ -50,6 +60,8 @@ from ballast_asgi.proxy.upstream import Upstream
 
 #: Bodies above this go in their own write (no copy into the head's bytes).
 _JOIN_BODY_BYTES = 64 * 1024
+#: How long a connection rests after a 500 before it is reused (see the module).
+REST_S = 0.05
 
 
 def request_head(
@@ -82,12 +94,15 @@ _FIELD = b": ".join
 class _Pool:
     """Keep-alive connections per (host, port), at most ``limit`` open in all."""
 
-    def __init__(self, limit: int, keepalive_s: float) -> None:
+    def __init__(self, limit: int, keepalive_s: float, rest_s: float = REST_S) -> None:
         self.limit = limit
         self.keepalive_s = keepalive_s
+        self.rest_s = rest_s
         self.idle: dict[tuple[str, int], list[Conn]] = {}
         self.idle_count = 0
         self.in_use = 0
+        #: Connections sitting out ``rest_s`` after a 500 (open: they count to the limit).
+        self.resting = 0
         self.closed = False
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -100,7 +115,7 @@ class _Pool:
             conn = self.take(key)
             if conn is not None:
                 return conn
-            if self.in_use + self.idle_count < self.limit:
+            if self.in_use + self.idle_count + self.resting < self.limit:
                 break
             if self.idle_count:
                 self._evict()  # an idle connection of another upstream makes room
@@ -163,18 +178,37 @@ class _Pool:
         """An exchange is over: keep ``conn`` for the next one or close it."""
         self.in_use -= 1
         if conn is not None:
-            if reuse and not self.closed:
-                conn.idle_since = conn.loop.time()
-                idle = self.idle.get(conn.key)
-                if idle is None:
-                    self.idle[conn.key] = [conn]
-                else:
-                    idle.append(conn)
-                self.idle_count += 1
-                if self._sweeper is None:
-                    self._schedule_sweep()
-            else:
+            if not reuse or self.closed:
                 conn.close()
+            elif conn.rest:
+                conn.rest = False
+                self.resting += 1
+                conn.loop.call_later(self.rest_s, self._rested, conn)
+                return  # no room made: it is still open
+            else:
+                self._keep(conn)
+        if self._waiters:
+            self._wake()
+
+    def _keep(self, conn: Conn) -> None:
+        """``conn`` joins the idle connections of its upstream (newest last)."""
+        conn.idle_since = conn.loop.time()
+        idle = self.idle.get(conn.key)
+        if idle is None:
+            self.idle[conn.key] = [conn]
+        else:
+            idle.append(conn)
+        self.idle_count += 1
+        if self._sweeper is None:
+            self._schedule_sweep()
+
+    def _rested(self, conn: Conn) -> None:
+        """After its rest: kept, unless the upstream (or the pool) closed it meanwhile."""
+        self.resting -= 1
+        if conn.closed or self.closed or conn.exchange is not None:
+            conn.close()
+        else:
+            self._keep(conn)
         if self._waiters:
             self._wake()
 

@@ -83,8 +83,8 @@ class Conn(asyncio.Protocol):
     """One upstream connection; at most one exchange at a time."""
 
     __slots__ = (
-        "closed", "exchange", "idle_since", "key", "loop", "paused", "release", "timer",
-        "timer_at", "transport",
+        "closed", "exchange", "idle_since", "key", "loop", "paused", "release", "rest",
+        "timer", "timer_at", "transport",
     )  # fmt: skip
 
     def __init__(self, key: tuple[str, int], release: Release) -> None:
@@ -95,6 +95,8 @@ class Conn(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.idle_since = 0.0
+        #: Its last answer was a 500: it sits out ``REST_S`` before reuse (``lean.py``).
+        self.rest = False
         self.loop = asyncio.get_running_loop()
         #: The lazy timer (None: not armed) and the loop time it fires at.
         self.timer: asyncio.TimerHandle | None = None

@@ -254,6 +254,8 @@ class LeanResponse(DirectResponse):
         conn.exchange = None
         if conn.paused:
             conn.pause(False)
+        if self.status_code == 500:
+            conn.rest = True  # uvicorn may be about to close it (``lean.py``, REST_S)
         conn.release(conn, reuse and not conn.closed)
 
     def _wake(self) -> None:

@@ -60,7 +60,7 @@ from ballast_asgi.core.routes import Route
 from ballast_asgi.core.types import ASGIApp, Clock, Receive, Scope, Send
 from ballast_asgi.middleware._asgi import body_message, replay
 from ballast_asgi.middleware.breaker import BreakerMiddleware
-from ballast_asgi.middleware.context import RequestContext, find_context
+from ballast_asgi.middleware.context import LEAVING, RequestContext, find_context
 from ballast_asgi.middleware.retry_attempt import Attempt, RetryPolicy
 from ballast_asgi.telemetry.metrics import Metrics
 
@@ -174,9 +174,12 @@ class RetryStage:
             inner = replay([body_message(ctx.body or b"")], receive)
 
     async def _backoff(self, attempt: Attempt) -> bool:
-        """Sleep before the next attempt; False when the breaker shut meanwhile."""
+        """Sleep before the next attempt; False when the breaker shut or the client left."""
         if attempt.delay_s > 0:
             await self._sleep(attempt.delay_s)
+        cycle = LEAVING.get()  # the gateway's own server's request cycle, if any
+        if cycle is not None and cycle.disconnected:
+            return False  # the client left meanwhile: no more upstream work for it
         return self._gate(attempt.ctx, self._clock())
 
     # -- the decision at the head ----------------------------------------------

@@ -225,6 +225,40 @@ async def test_a_client_gone_during_a_pipelined_request_ends_it(lane: bool) -> N
     assert parts.capacity.held == 0 and rig.pool.in_use == 0 and len(rig.seen) == 2
 
 
+@pytest.mark.parametrize("lane", [True, False])
+async def test_a_client_gone_during_the_retry_backoff_gets_no_second_attempt(lane: bool) -> None:
+    """A 503 the retry stage would retry after a backoff; the client leaves during the
+    backoff: no second upstream request, nothing held (the rule: a client that
+    disconnects costs no upstream work)."""
+
+    def upstream(request: bytes, earlier: list[bytes]) -> list[bytes]:
+        return [_resp(503, b"busy")]
+
+    rig = LaneRig(upstream, lane=lane, config={"retry": {"backoff_base_ms": 20}})
+    await rig.start()
+    stage = rig.gw.stack.direct.stages.retry.stage  # type: ignore[union-attr]
+    backoff = asyncio.get_running_loop().create_future()
+    waits: list[float] = []
+
+    async def sleep(delay_s: float) -> None:  # the backoff, ended by the test
+        waits.append(delay_s)
+        await backoff
+
+    stage._sleep = sleep
+    rig.protocol.data_received(get("/flaky"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rig.seen) == 1 and waits  # the 503 held, the backoff begun
+    rig.protocol.connection_lost(None)
+    backoff.set_result(None)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(rig.seen) == 1
+    parts = rig.gw.pieces.parts
+    assert parts.limiter.inflight == 0 and parts.capacity is not None
+    assert parts.capacity.held == 0 and rig.pool.in_use == 0
+
+
 async def _leave_before_the_body(lane: bool) -> list[str]:
     """The head is in, the rest of a small body never comes, the client leaves: checked,
     the metrics."""

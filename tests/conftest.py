@@ -1,4 +1,4 @@
-"""Shared fixtures: anyio on asyncio only; no permit left in flight."""
+"""Shared fixtures: anyio on asyncio only; no permit left in flight; no CPU pinning left."""
 
 from __future__ import annotations
 
@@ -26,3 +26,18 @@ def no_permits_left_in_flight() -> Iterator[None]:
         if lim.serial > before and lim.inflight != 0
     ]
     assert not leaked, f"limiters left with permits in flight (serial, inflight): {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def scheduling_left_as_found() -> Iterator[None]:
+    """After every test, this process's CPU affinity and nice are as before it.
+
+    An experiment's ``main`` run in-process pins itself to one CPU (and may
+    renice itself); left so, every later test, and every server it starts,
+    would share that one CPU (``experiments._harness.cpu.scheduling_kept``).
+    """
+    from experiments._harness.cpu import scheduling
+
+    before = scheduling()
+    yield
+    assert scheduling() == before, "a test left this process pinned or reniced"

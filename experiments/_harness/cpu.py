@@ -1,6 +1,7 @@
 """CPU pinning and the /proc counters the tools measure with (Linux).
 
-``pin_self`` pins the calling process (the generator) to one CPU; the other
+``pin_self`` pins the calling process (the generator) to one CPU (``scheduling_kept``
+undoes that, and ``favour``, for a ``main`` called in-process); the other
 processes are pinned at start by ``Procs.start(cmd, cpu, ...)``. ``cpu_s`` is
 a process's user + system seconds, ``cpu_ticks``/``busy_share`` how busy each
 CPU was (any process), ``status_kb`` a ``kB`` field of ``/proc/<pid>/status``.
@@ -75,6 +76,43 @@ def realtime(priority: int = 1) -> Iterator[str]:
         yield f"SCHED_FIFO {priority}"
     finally:
         os.sched_setscheduler(0, before, os.sched_param(0))
+
+
+def autogroup_nice(pid: int = 0) -> int | None:
+    """The nice of ``pid``'s autogroup (0: this process); None without autogroups."""
+    try:
+        text = Path(f"/proc/{pid or 'self'}/autogroup").read_text()
+    except OSError:
+        return None
+    return int(text.split("nice")[1])
+
+
+def scheduling() -> tuple[frozenset[int] | None, int, int | None]:
+    """This thread's CPU affinity (None where it cannot be set), nice and autogroup nice."""
+    cpus = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return cpus, os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice()
+
+
+@contextmanager
+def scheduling_kept() -> Iterator[None]:
+    """Give this thread back its CPU affinity, nice and autogroup nice on exit.
+
+    A command's ``main`` pins itself (``pin_self``) and may ``favour`` itself
+    for its whole life; called in-process (a test calls ``run.main([...])``) it
+    would otherwise leave the caller, and every process the caller starts
+    later, on one CPU at another nice.
+    """
+    cpus, nice, group = scheduling()
+    try:
+        yield
+    finally:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        with suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if group is not None:
+            with suppress(OSError):
+                Path("/proc/self/autogroup").write_text(str(group))
 
 
 def cpu_s(pid: int) -> float:

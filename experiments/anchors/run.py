@@ -32,7 +32,7 @@ from typing import Any
 
 import uvloop
 
-from experiments._harness.cpu import pin_self
+from experiments._harness.cpu import pin_self, scheduling_kept
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
 from experiments._harness.servers import find_binary
@@ -148,7 +148,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point."""
+    """Entry point (the caller's CPU affinity and nice are as they were afterwards)."""
+    with scheduling_kept():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.report_only:
         saved = json.loads((Path(args.report_only) / "results.json").read_text())

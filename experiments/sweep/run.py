@@ -54,7 +54,7 @@ from typing import Any
 
 import uvloop
 
-from experiments._harness.cpu import favour, pin_self
+from experiments._harness.cpu import favour, pin_self, scheduling_kept
 from experiments._harness.machine import machine, versions
 from experiments._harness.procs import cancel_on_signals
 from experiments.sweep import metrics as em
@@ -241,7 +241,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; the report goes to docs/ only for a full run without --no-docs."""
+    """Entry point; the report goes to docs/ only for a full run without --no-docs.
+
+    The caller's CPU affinity and nice are as they were afterwards.
+    """
+    with scheduling_kept():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(given)
     args.command = " ".join(["python -m experiments.sweep", *given])

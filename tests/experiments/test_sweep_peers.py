@@ -234,3 +234,18 @@ def test_favour_sets_a_child_s_nice_and_its_autogroup_s(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_scheduling_kept_gives_the_caller_back_its_cpus_and_nice() -> None:
+    """A main run in-process pins and favours itself; afterwards its caller is as before."""
+    import os
+
+    from experiments._harness.cpu import can_pin, favour, pin_self, scheduling, scheduling_kept
+
+    before = scheduling()
+    with scheduling_kept():
+        pin_self(0)
+        favour()  # nice -20 where permitted, else nothing changes
+        if can_pin():
+            assert os.sched_getaffinity(0) == {0}
+    assert scheduling() == before

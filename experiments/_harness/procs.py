@@ -35,8 +35,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout_s: float = 20.0) -> None:
-    """Poll (bounded) until something accepts on ``port``; fail fast if ``proc`` died."""
+def wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout_s: float = 60.0) -> None:
+    """Poll until something accepts on ``port``; fail fast if ``proc`` died.
+
+    The bound is a hang guard: a loaded shared machine can take tens of seconds to
+    start a Python process.
+    """
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:

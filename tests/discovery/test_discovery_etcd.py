@@ -16,6 +16,7 @@ from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
 from ballast_asgi.discovery.follower import Follower
 from ballast_asgi.discovery.registrar import Registrar
 from tests.e2e.etcd_server import EtcdServer, etcd_server
+from tests.e2e.support import HANG_S
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 _names = itertools.count()
@@ -36,7 +37,7 @@ def keys() -> Keys:
     return Keys(f"svc{next(_names)}")
 
 
-async def until(cond: Callable[[], bool], seconds: float = 10.0) -> None:
+async def until(cond: Callable[[], bool], seconds: float = HANG_S) -> None:
     """Wait (bounded) until ``cond()`` holds."""
     loop = asyncio.get_running_loop()
     limit = loop.time() + seconds

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.e2e.support import free_port
+from tests.e2e.support import HANG_S, free_port
 
 ETCD = shutil.which("etcd")
 
@@ -48,7 +48,7 @@ class EtcdServer:
     def _wait_ready(self) -> None:
         import httpx
 
-        limit = time.monotonic() + 20
+        limit = time.monotonic() + HANG_S
         while True:
             assert self.proc is not None and self.proc.poll() is None, "etcd exited"
             try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.e2e.support import ThreadServer, free_port
+from tests.e2e.support import HANG_S, ThreadServer, free_port
 
 
 class Servers:
@@ -33,7 +33,7 @@ class Servers:
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         self.running.append((server, thread))
-        limit = time.monotonic() + 10
+        limit = time.monotonic() + HANG_S
         while not server.started:  # readiness poll, bounded
             assert time.monotonic() < limit and thread.is_alive(), "uvicorn did not start"
             time.sleep(0.01)

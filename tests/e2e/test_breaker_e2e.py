@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
+from tests.e2e.support import HANG_S, free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +64,7 @@ def test_breaker_opens_sheds_fast_and_closes_when_upstream_returns(
             snap = client.get("/_ballast/snapshot").json()
             assert snap["routes"]["/x"]["breaker"]["state"] in ("open", "half_open")
             server, thread = serve_in_thread(app, up_port)
-            limit = time.monotonic() + 10
+            limit = time.monotonic() + HANG_S
             while client.get("/x").status_code != 200:
                 assert time.monotonic() < limit, "breaker never closed"
                 time.sleep(0.05)

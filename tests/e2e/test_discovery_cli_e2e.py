@@ -15,7 +15,7 @@ import pytest
 from ballast_asgi.discovery.core.model import ConfigVersion, Keys
 from ballast_asgi.discovery.etcd import Etcd, EtcdUnavailable
 from tests.e2e.etcd_server import EtcdServer, etcd_server
-from tests.e2e.support import stop_process
+from tests.e2e.support import HANG_S, stop_process
 
 pytestmark = pytest.mark.e2e
 URL = "http://127.0.0.1:9101"
@@ -56,7 +56,7 @@ def _read(etcd: EtcdServer, key: bytes) -> bytes | None:
 
 
 def _wait_for(etcd: EtcdServer, key: bytes, present: bool, proc: subprocess.Popen[bytes]) -> None:
-    limit = time.monotonic() + 20
+    limit = time.monotonic() + HANG_S
     while (_read(etcd, key) is not None) != present:
         assert proc.poll() is None or not present, proc.communicate()[1].decode()
         assert time.monotonic() < limit, f"{key!r} present={present} not reached"
@@ -85,7 +85,7 @@ def test_controller_process_writes_a_version(etcd: EtcdServer) -> None:
     reg = _ballast("register", "--etcd", etcd.url, "--service", "cli2", "--url", URL)
     try:
         _wait_for(etcd, keys.current, True, ctl)
-        limit = time.monotonic() + 20
+        limit = time.monotonic() + HANG_S
         while not ConfigVersion.decode(_read(etcd, keys.current) or b"").instances:
             assert time.monotonic() < limit, "version with the instance never written"
             time.sleep(0.05)  # condition poll, bounded

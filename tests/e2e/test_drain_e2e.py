@@ -18,7 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_thread, wait_http
+from tests.e2e.support import (
+    HANG_S,
+    NO_BALLAST_ENV,
+    free_port,
+    serve_in_thread,
+    stop_thread,
+    wait_http,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +86,7 @@ def test_sigterm_drains_with_exactly_one_response_per_request(
         wait_http(base + "/_ballast/health", proc, seconds=60)
         with ThreadPoolExecutor(max_workers=30) as pool:
             early = [pool.submit(_get, f"{base}/slow?ms=1000") for _ in range(20)]
-            limit = time.monotonic() + 20
+            limit = time.monotonic() + HANG_S
             # bounded poll: all 20 reached the gateway (in flight, queued or answered)
             while _held(base) + sum(f.done() for f in early) < 20:
                 assert time.monotonic() < limit

@@ -18,13 +18,13 @@ import httpx
 import pytest
 
 from experiments._harness.redis import start_redis
-from tests.e2e.support import NO_BALLAST_ENV, free_port, stop_process, wait_http
+from tests.e2e.support import HANG_S, NO_BALLAST_ENV, free_port, stop_process, wait_http
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+def _until(check: Callable[[], bool], seconds: float = HANG_S) -> bool:
     limit = time.monotonic() + seconds
     while not check():
         if time.monotonic() > limit:

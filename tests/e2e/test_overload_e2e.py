@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.support import free_port, serve_in_thread, stop_thread, uvicorn_gateway
+from tests.e2e.support import HANG_S, free_port, serve_in_thread, stop_thread, uvicorn_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -71,7 +71,7 @@ def gateway(tmp_path: Path, held: tuple[HeldUpstream, str]) -> Iterator[tuple[st
         yield base, config, pid
 
 
-async def _until(check: Any, what: str, seconds: float = 10.0) -> None:
+async def _until(check: Any, what: str, seconds: float = HANG_S) -> None:
     """Poll ``check()`` (an awaitable factory) until true; bounded."""
     limit = time.monotonic() + seconds
     while not await check():

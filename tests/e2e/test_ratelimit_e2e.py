@@ -27,6 +27,7 @@ from ballast_asgi.config import load_config
 from ballast_asgi.gateway import build_gateway
 from experiments._harness.redis import RedisProcess, redis_server
 from tests.e2e.support import (
+    HANG_S,
     NO_BALLAST_ENV,
     free_port,
     serve_in_thread,
@@ -84,7 +85,7 @@ def _gateway_thread(config: Path) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    limit = time.monotonic() + 10
+    limit = time.monotonic() + HANG_S
     while not server.started:  # readiness poll, bounded
         assert time.monotonic() < limit and thread.is_alive(), "gateway did not start"
         time.sleep(0.01)

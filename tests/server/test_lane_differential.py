@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.support import HANG_S
 from tests.server.lane_harness import (
     Arm,
     Client,
@@ -73,8 +74,8 @@ def one(request: bytes, *, head: bool = False) -> Script:
 
 
 def wait_until(predicate: Callable[[], bool]) -> bool:
-    """Wait (bounded, 5 s) until ``predicate()`` holds (a readiness poll); whether it did."""
-    limit = time.monotonic() + 5
+    """Wait (bounded, a hang guard) until ``predicate()`` holds (readiness); whether it did."""
+    limit = time.monotonic() + HANG_S
     while not predicate():
         if time.monotonic() > limit:
             return False

@@ -2,7 +2,9 @@
 
 Pinned as ``make experiment`` pins (``experiments.sweep.one``): the target
 (gateway or peer) alone on CPU 1, the simulator and this process (the
-generator, at ``SCHED_FIFO`` when permitted) on CPU 0. The gateway's config
+generator, at ``SCHED_FIFO`` when permitted) on CPU 0, the simulator and the
+target favoured (nice -20 and their autogroups, when permitted: ``cpu.favour``) so
+that other work on a shared machine does not starve them. The gateway's config
 is the sweep's (``gateway_yaml``: everything default but the limiter, no drain), its
 limit is sampled from ``/snapshot`` every 200 ms (``sample_snapshots``), the
 backend changes go to the simulator's ``/profile`` (``apply_events``), and
@@ -24,6 +26,7 @@ import aiohttp
 from ballast_tools.loadgen.report import summarize
 from ballast_tools.loadgen.runner import LoadConfig, LoadRunner
 from experiments._harness.cpu import (
+    favour,
     realtime,
     status_kb,
 )
@@ -155,6 +158,9 @@ async def run_one(run: AnchorRun, work: Path, progress: Progress) -> dict[str, A
         sim = start_sim(procs, SIM_CPU, name=f"{run.name}-sim", workers=b.workers,
                         fast_ms=b.fast_ms, slow_ms=b.slow_ms, seed=run.seed)  # fmt: skip
         target, admin = start_target(procs, run, sim)
+        for pid in (sim.pid, target.pid):
+            if pid:
+                favour(pid)  # each is its own session (autogroup): see cpu.favour
         with realtime() as policy:
             doc = await drive(run, sim, target, admin, progress)
     finally:

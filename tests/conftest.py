@@ -41,3 +41,12 @@ def scheduling_left_as_found() -> Iterator[None]:
     before = scheduling()
     yield
     assert scheduling() == before, "a test left this process pinned or reniced"
+
+
+@pytest.fixture(autouse=True)
+def ports_released() -> Iterator[None]:
+    """After every test, the ports ``free_port`` reserved for it are free again."""
+    yield
+    from tests.e2e.support import release_ports
+
+    release_ports()

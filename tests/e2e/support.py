@@ -24,18 +24,40 @@ T = TypeVar("T")
 
 #: The bound of every readiness or condition poll on a real server, process or thread: a
 #: hang guard, not a speed assumption. Only a hang waits it out; a loaded shared machine
-#: can take tens of seconds to start a process (a 10 s bound failed CI that way).
-HANG_S = 60.0
+#: can take tens of seconds to start a process (a 10 s bound failed CI that way; the
+#: ``--workers 2`` gateway took over 60 s at nice 10 under a load average of 8).
+HANG_S = 120.0
 
 #: Environment that makes the gateway read only the config file it is given.
 NO_BALLAST_ENV = {"BALLAST_UPSTREAM": "", "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}
 
 
+#: Sockets that hold the ports ``free_port`` handed out until the test ends
+#: (``release_ports``, an autouse fixture in ``tests/conftest.py``).
+_RESERVED: list[socket.socket] = []
+
+
 def free_port() -> int:
-    """An unused loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """An unused loopback port, reserved for the test's own server until the test ends.
+
+    The port stays bound (``SO_REUSEADDR``, not listening) by a socket of ours: the
+    kernel then neither hands it out to another ``bind(0)`` nor uses it as a client's
+    ephemeral port (``connect``), so no other suite on a shared machine can take it
+    between this call and our server's bind. Our servers (uvicorn, the ``ballast`` CLI,
+    the simulator, redis, etcd, nginx, HAProxy) bind with ``SO_REUSEADDR`` too, which
+    Linux allows next to a bound socket that does not listen.
+    """
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _RESERVED.append(s)
+    return int(s.getsockname()[1])
+
+
+def release_ports() -> None:
+    """Close every reservation ``free_port`` made (once the test's servers are stopped)."""
+    while _RESERVED:
+        _RESERVED.pop().close()
 
 
 class ThreadServer(uvicorn.Server):

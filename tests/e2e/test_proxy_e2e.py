@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from ballast_asgi.config import ProxyConfig
 from ballast_asgi.proxy.app import ProxyApp
-from tests.e2e.support import thread_servers
+from tests.e2e.support import free_port, thread_servers
 
 pytestmark = pytest.mark.e2e
 
@@ -41,13 +40,6 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
-
-
-def free_port() -> int:
-    """An unused loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

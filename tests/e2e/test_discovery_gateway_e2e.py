@@ -16,11 +16,18 @@ import httpx
 import pytest
 
 from tests.e2e.etcd_server import EtcdServer, etcd_server
-from tests.e2e.support import enter_together, free_port, stop_process, uvicorn_gateway, wait_http
+from tests.e2e.support import (
+    HANG_S,
+    enter_together,
+    free_port,
+    stop_process,
+    uvicorn_gateway,
+    wait_http,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 #: Start-up bound: five Python processes on a busy shared machine can take a while.
-READY_S = 60.0
+READY_S = HANG_S
 
 
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -71,7 +78,7 @@ def _snapshot(base: str) -> dict[str, object]:
     return dict(httpx.get(base + "/_ballast/snapshot", timeout=5).json())
 
 
-def _wait(base: str, cond: object, seconds: float = 30.0) -> dict[str, object]:
+def _wait(base: str, cond: object, seconds: float = HANG_S) -> dict[str, object]:
     limit = time.monotonic() + seconds
     while True:
         snap = _snapshot(base)

@@ -83,7 +83,7 @@ def test_sigterm_drains_with_exactly_one_response_per_request(
             "--port", str(port), "--admin-port", "0"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:
-        wait_http(base + "/_ballast/health", proc, seconds=60)
+        wait_http(base + "/_ballast/health", proc)
         with ThreadPoolExecutor(max_workers=30) as pool:
             early = [pool.submit(_get, f"{base}/slow?ms=1000") for _ in range(20)]
             limit = time.monotonic() + HANG_S

@@ -203,8 +203,8 @@ def test_ballast_workers_share_one_limit_through_redis(
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{admin}/health", proc, seconds=60)
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{admin}/health", proc)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         codes = []
         for _ in range(30):
             with httpx.Client() as client:  # a new connection each time: both workers serve

@@ -71,7 +71,7 @@ def gateway(form: str, config: Path) -> Iterator[int]:
             args += ["--http", "ballast_asgi.server.serve:GatewayProtocol"]
     proc = subprocess.Popen([sys.executable, *args], env=env, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         yield port
     finally:
         stop_process(proc)

@@ -32,7 +32,7 @@ def _run(tmp_path: Path, *flags: str) -> tuple[str, str]:
             *flags]  # fmt: skip
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         assert httpx.get(f"http://127.0.0.1:{port}/x/probe").status_code == 502
     finally:
         stop_process(proc)

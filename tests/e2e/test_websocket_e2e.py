@@ -210,7 +210,7 @@ def test_echo_through_the_cli(echo: tuple[Echo, str], tmp_path: Path) -> None:
             "--admin-port", "0"]  # fmt: skip
     proc = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         with connect(f"ws://127.0.0.1:{port}/") as ws:
             ws.send("via cli")
             assert ws.recv(timeout=5) == "via cli"

@@ -59,8 +59,8 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
             str(port), "--admin-port", str(admin), "--workers", "2"]  # fmt: skip
     proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=subprocess.PIPE)
     try:
-        wait_http(f"http://127.0.0.1:{admin}/health", proc, seconds=60)
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{admin}/health", proc)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         for _ in range(20):
             with httpx.Client() as client:  # a new connection each time
                 assert client.get(f"http://127.0.0.1:{port}/x").status_code == 200
@@ -106,7 +106,7 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
                             start_new_session=True)  # fmt: skip
     workers: list[int] = []
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         workers = [w["worker"]["pid"] for w in
                    httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()["workers"]]  # fmt: skip
         assert len(workers) == 2 and all(_alive(pid) for pid in workers)
@@ -140,7 +140,7 @@ def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Pa
         proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)
     statuses: list[int] = []
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         snap = httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()
         before = {w["worker"]["index"]: w["worker"]["pid"] for w in snap["workers"]}
         os.kill(before[1], signal.SIGKILL)
@@ -271,7 +271,7 @@ def test_a_given_up_worker_s_share_goes_to_the_live_one(tmp_path: Path) -> None:
         proc = subprocess.Popen(args, env={**os.environ, **NO_BALLAST_ENV}, stderr=err)
     limits: list[int] = []
     try:
-        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc, seconds=60)
+        wait_http(f"http://127.0.0.1:{port}/_ballast/health", proc)
         with httpx.Client(timeout=5.0) as client:
             snap = client.get(f"http://127.0.0.1:{admin}/snapshot").json()
             limits.append(snap["workers"][0]["limiter"]["limit"])

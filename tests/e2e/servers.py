@@ -45,7 +45,7 @@ class Servers:
         for server, _ in running:
             server.stop()
         for _, thread in running:
-            thread.join(10)
+            thread.join(HANG_S)
 
 
 @contextmanager

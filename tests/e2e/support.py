@@ -189,7 +189,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
-        proc.communicate(timeout=15)
+        proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -198,7 +198,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
 
 
 @contextmanager
-def uvicorn_gateway(config: Path, ready_s: float = 15.0) -> Iterator[tuple[str, int]]:
+def uvicorn_gateway(config: Path, ready_s: float = HANG_S) -> Iterator[tuple[str, int]]:
     """``uvicorn ballast_asgi.gateway:app`` with ``BALLAST_CONFIG=config``: (base URL, PID)."""
     port = free_port()
     env = {**os.environ, "BALLAST_CONFIG": str(config), **NO_BALLAST_ENV}

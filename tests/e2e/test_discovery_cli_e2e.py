@@ -71,7 +71,7 @@ def test_register_then_sigterm_deregisters(etcd: EtcdServer) -> None:
     _wait_for(etcd, keys.instance(URL), True, proc)
     assert json.loads(_read(etcd, keys.instance(URL)) or b"{}") == {"url": URL, "version": "v2"}
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=15)
+    out, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0
     assert _read(etcd, keys.instance(URL)) is None
     events = [json.loads(line)["event"] for line in out.splitlines()]
@@ -107,5 +107,5 @@ def test_controller_process_writes_a_version(etcd: EtcdServer) -> None:
 def test_bad_arguments_exit_2_naming_the_flag(args: list[str], flag: str) -> None:
     """Malformed flags are refused with exit 2 and a message naming them."""
     proc = _ballast(*args)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 2 and flag in err.decode(), err.decode()

@@ -160,7 +160,7 @@ def test_re_registration_with_the_same_address_writes_no_version(
     _, base, (a, _) = setup
     before = _snapshot(base)["config_version"]
     a.reg.send_signal(signal.SIGKILL)
-    a.reg.communicate(timeout=10)
+    a.reg.communicate(timeout=HANG_S)
     a.reg = a.register()
     time.sleep(1.5)  # longer than the debounce: a version would have been written by now
     assert _snapshot(base)["config_version"] == before
@@ -195,7 +195,7 @@ def test_an_instance_killed_before_its_registration_costs_nothing(
     time.sleep(1.0)
     served_before = a.served()
     b.sim.send_signal(signal.SIGKILL)
-    b.sim.communicate(timeout=10)
+    b.sim.communicate(timeout=HANG_S)
     thread.join(30)  # type: ignore[attr-defined]
     statuses = out[0]
     assert statuses.count(200) == len(statuses), {s: statuses.count(s) for s in set(statuses)}

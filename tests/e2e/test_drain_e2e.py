@@ -94,8 +94,8 @@ def test_sigterm_drains_with_exactly_one_response_per_request(
             proc.send_signal(signal.SIGTERM)
             health = httpx.get(base + "/_ballast/health")
             during = [pool.submit(_get, f"{base}/fast?ms=10") for _ in range(5)]
-            statuses = [f.result(timeout=30) for f in early + during]
-        code = proc.wait(timeout=30)
+            statuses = [f.result(timeout=HANG_S) for f in early + during]
+        code = proc.wait(timeout=HANG_S)
         stderr = proc.communicate()[1].decode()
     finally:
         if proc.poll() is None:

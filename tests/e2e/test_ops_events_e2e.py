@@ -70,7 +70,7 @@ def test_redis_stopped_and_upstream_killed_are_logged_and_health_degraded(
         assert _until(lambda: any(e["event"] == "ratelimit.redis_lost" for e in _events(log)))
         assert _until(lambda: httpx.get(health).json()["status"] == "degraded")
         upstream.kill()
-        upstream.wait(timeout=10)
+        upstream.wait(timeout=HANG_S)
         assert httpx.get(f"{base}/x").status_code == 502
         assert _until(lambda: any(e["event"] == "upstream.connect_error" for e in _events(log)))
         doc = httpx.get(health)
@@ -83,7 +83,7 @@ def test_redis_stopped_and_upstream_killed_are_logged_and_health_degraded(
         stop_process(gw)
         if upstream.poll() is None:
             upstream.kill()
-            upstream.wait(timeout=10)
+            upstream.wait(timeout=HANG_S)
         redis.stop()
     events = {e["event"]: e for e in _events(log)}
     lost = events["ratelimit.redis_lost"]

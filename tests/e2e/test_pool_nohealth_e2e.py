@@ -20,7 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.support import NO_BALLAST_ENV, enter_together, free_port, stop_process, wait_http
+from tests.e2e.support import (
+    HANG_S,
+    NO_BALLAST_ENV,
+    enter_together,
+    free_port,
+    stop_process,
+    wait_http,
+)
 from tests.e2e.test_pool_e2e import _traffic
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,7 +61,7 @@ def gateway(urls: list[str], log: list[str]) -> Iterator[str]:
     finally:
         if proc.poll() is None:
             proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=HANG_S)
         log.append(err.decode(errors="replace"))
 
 

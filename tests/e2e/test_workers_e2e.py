@@ -16,7 +16,14 @@ import pytest
 from ballast_asgi.config import build_config
 from ballast_asgi.server.workers import merge_metrics, scale_config
 from tests.e2e.raw import metric
-from tests.e2e.support import NO_BALLAST_ENV, free_port, serve_in_thread, stop_thread, wait_http
+from tests.e2e.support import (
+    HANG_S,
+    NO_BALLAST_ENV,
+    free_port,
+    serve_in_thread,
+    stop_thread,
+    wait_http,
+)
 from tests.e2e.test_trust_e2e import Recorder
 
 pytestmark = pytest.mark.e2e
@@ -68,11 +75,11 @@ def test_two_workers_split_the_cap_and_report_together(tmp_path: Path) -> None:
         text = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
         one = httpx.get(f"http://127.0.0.1:{port}/_ballast/snapshot").json()
         proc.terminate()
-        code = proc.wait(timeout=30)
+        code = proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=30)  # the workers die with the supervisor (PDEATHSIG)
+        proc.communicate(timeout=HANG_S)  # the workers die with the supervisor (PDEATHSIG)
         stop_thread(server, thread)
     workers = snap["workers"]
     assert sorted(w["worker"]["index"] for w in workers) == [0, 1]
@@ -111,7 +118,7 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
                    httpx.get(f"http://127.0.0.1:{admin}/snapshot").json()["workers"]]  # fmt: skip
         assert len(workers) == 2 and all(_alive(pid) for pid in workers)
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=HANG_S)
         deadline = time.monotonic() + 30
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling for an outside process's exit, bounded
@@ -122,7 +129,7 @@ def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=HANG_S)
         stop_thread(server, thread)
 
 
@@ -159,11 +166,11 @@ def test_a_killed_worker_is_restarted_and_metrics_answer_throughout(tmp_path: Pa
                 time.sleep(0.05)  # polling an outside process, bounded
         assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
         proc.terminate()
-        code = proc.wait(timeout=30)
+        code = proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=HANG_S)
         stop_thread(server, thread)
     lines = log.read_text()
     print(f"\nworker restarted {restarted_s} s after kill -9; /metrics statuses {set(statuses)}")
@@ -295,11 +302,11 @@ def test_a_given_up_worker_s_share_goes_to_the_live_one(tmp_path: Path) -> None:
             divided_by = snap["workers"][0]["worker"].get("caps_divided_by")
         assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=HANG_S)
         stop_thread(server, thread)
     lines = log.read_text()
     assert limits == [5, 10] and divided_by == 1, (limits, lines)

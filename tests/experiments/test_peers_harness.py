@@ -199,3 +199,25 @@ def test_haproxy_answers_503_when_the_queue_timeout_passes(procs: Procs) -> None
     done = asyncio.run(_behind_one(sim, peer, ["bulk"]))
     assert [status for _, status, _ in done] == [200, 503]
     assert done[1][2] < done[0][2]  # refused at the queue timeout, before the first is served
+
+
+def test_stop_all_stops_every_child_when_one_stop_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child whose stop times out is reported, and the others are stopped all the same."""
+    import sys
+
+    procs = Procs(tmp_path)
+    older = procs.start([sys.executable, "-c", "import time; time.sleep(60)"], None, None, "a")
+    newer = procs.start([sys.executable, "-c", "import time; time.sleep(60)"], None, None, "b")
+    real_stop = Procs.stop
+
+    def stop(self: Procs, proc: subprocess.Popen[bytes]) -> None:
+        real_stop(self, proc)
+        if proc is newer:  # stopped first (newest first), then its wait "times out"
+            raise subprocess.TimeoutExpired(proc.args, 5)
+
+    monkeypatch.setattr(Procs, "stop", stop)
+    with pytest.raises(subprocess.TimeoutExpired):
+        procs.stop_all()
+    assert older.poll() is not None and newer.poll() is not None

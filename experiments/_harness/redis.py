@@ -1,7 +1,9 @@
 """A throwaway ``redis-server`` on a free loopback port, stopped by PID.
 
 ``start_redis(port)`` starts one without persistence and returns once it
-answers PING; ``redis_server()`` is the same as a context manager.
+answers PING (without ``port``, on a fresh port again if it exits at once:
+another process took the port between our pick and its bind);
+``redis_server()`` is the same as a context manager.
 ``RedisProcess.kill()`` is an outage (SIGKILL at once), ``stop()`` a shutdown.
 """
 
@@ -16,6 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from experiments._harness.procs import HOST, free_port, kill, terminate
+from experiments._harness.servers import PORT_RETRIES
+
+#: The bound of the wait for PING: a hang guard (a loaded shared machine can take
+#: seconds to start a process).
+READY_S = 60.0
 
 
 @dataclass
@@ -44,17 +51,23 @@ def start_redis(port: int | None = None) -> RedisProcess:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not found: run `make system-deps` (Debian redis-server)")
-    port = port or free_port()
-    args = [exe, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisProcess(port, proc)
-    limit = time.monotonic() + 10
-    while not _pong(port):
-        if proc.poll() is not None or time.monotonic() > limit:
-            server.stop()
-            raise RuntimeError(f"redis-server did not start on port {port}")
-        time.sleep(0.02)  # readiness poll, bounded
-    return server
+    for _ in range(1 if port else PORT_RETRIES):
+        chosen = port or free_port()
+        args = [exe, "--port", str(chosen), "--bind", HOST, "--save", "", "--appendonly", "no"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = RedisProcess(chosen, proc)
+        limit = time.monotonic() + READY_S
+        while not _pong(chosen):
+            if proc.poll() is not None:  # most likely the port was taken since we chose it
+                break
+            if time.monotonic() > limit:
+                server.stop()
+                raise RuntimeError(f"redis-server did not answer on port {chosen}")
+            time.sleep(0.02)  # readiness poll, bounded
+        else:
+            return server
+        server.stop()
+    raise RuntimeError(f"redis-server exited at start on port {chosen}")
 
 
 def _pong(port: int) -> bool:

@@ -507,3 +507,24 @@ async def test_sync_shares_of_a_new_key_never_add_up_to_more_than_the_limit(
     finally:
         for lim in pair:
             await lim.close()
+
+
+def test_redis_started_on_a_port_taken_meanwhile_starts_again_on_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The port picked for redis is taken before it binds (a shared machine): a fresh port."""
+    import socket
+
+    from experiments._harness import redis as harness
+
+    taken = socket.create_server(("127.0.0.1", 0))  # listening: redis cannot bind it
+    ports = iter([taken.getsockname()[1], free_port()])
+    monkeypatch.setattr(harness, "free_port", lambda: next(ports))
+    try:
+        server = harness.start_redis()
+        try:
+            assert server.port != taken.getsockname()[1] and server.proc.poll() is None
+        finally:
+            server.stop()
+    finally:
+        taken.close()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.e2e.support import HANG_S, free_port
+from tests.e2e.support import HANG_S, POLL_S, free_port
 
 ETCD = shutil.which("etcd")
 
@@ -52,7 +52,7 @@ class EtcdServer:
         while True:
             assert self.proc is not None and self.proc.poll() is None, "etcd exited"
             try:
-                if httpx.get(self.url + "/health", timeout=0.5).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=POLL_S).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

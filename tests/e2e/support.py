@@ -28,6 +28,11 @@ T = TypeVar("T")
 #: ``--workers 2`` gateway took over 60 s at nice 10 under a load average of 8).
 HANG_S = 120.0
 
+#: How long one readiness poll waits for its answer. A server that accepts but answers
+#: slowly (the ``--workers`` supervisor asks every worker for /health) is still starting:
+#: at 0.5 s a loaded machine never saw an answer in 120 s of polls.
+POLL_S = 5.0
+
 #: Environment that makes the gateway read only the config file it is given.
 NO_BALLAST_ENV = {"BALLAST_UPSTREAM": "", "BALLAST_LIMITER": "", "BALLAST_FIXED_LIMIT": ""}
 
@@ -138,7 +143,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = HANG_S) 
     while True:
         assert proc.poll() is None, proc.communicate()[1].decode()
         try:
-            httpx.get(url, timeout=0.5)
+            httpx.get(url, timeout=POLL_S)
             return
         except httpx.TransportError:
             assert time.monotonic() < limit, f"{url} never answered"

@@ -72,14 +72,15 @@ def test_gradient_limit_stays_near_the_knee(quick: tuple[dict, float, Path]) -> 
 def test_quick_mode_is_quick_and_writes_its_report(quick: tuple[dict, float, Path]) -> None:
     """Quick mode offers 15 s of load in all (3 runs of 5 s) and finishes without hanging.
 
-    The wall-time guard is generous: process starts on a shared two-core machine
-    at a load average of 25 took over a minute.
+    The wall-time guard is a hang guard, so generous: process starts on a shared
+    two-core machine at a load average of 25 took over a minute, and a gateway
+    pinned to a CPU where another session benchmarks took 40 s to start (322 s in all).
     """
     runs, wall_s, out = quick
     assert set(runs) == {"fixed-16", "fixed-256", "gradient"}
     doc = json.loads((out / "results.json").read_text())
     assert sum(d["spec"]["duration_s"] for d in doc["runs"]) == 15.0
-    assert wall_s < 300.0
+    assert wall_s < 900.0
 
 
 def test_quick_mode_writes_report_and_plots_next_to_its_data(

@@ -35,7 +35,7 @@ from ballast_asgi.config import load_config
 from ballast_asgi.gateway import Gateway
 from ballast_asgi.server.serve import uvicorn_settings
 from tests.e2e.servers import serving
-from tests.e2e.support import free_port
+from tests.e2e.support import HANG_S, free_port
 from tests.fakes import CountingGateway
 
 #: Every socket read in the harness gives up after this long (a bound, never a pause).
@@ -408,7 +408,7 @@ class Arm:
         """Wait (bounded) until no request is held or in flight in the gateway; whether so."""
         parts = self.gateway.parts
         assert parts.capacity is not None
-        limit = time.monotonic() + READ_TIMEOUT_S
+        limit = time.monotonic() + HANG_S  # a hang guard: no event says "permit released"
         while parts.capacity.held or parts.limiter.inflight:  # bounded readiness poll
             if time.monotonic() > limit:
                 return False

@@ -205,7 +205,7 @@ class _Pool:
     def _rested(self, conn: Conn) -> None:
         """After its rest: kept, unless the upstream (or the pool) closed it meanwhile."""
         self.resting -= 1
-        if conn.closed or self.closed or conn.exchange is not None:
+        if conn.closed or self.closed:
             conn.close()
         else:
             self._keep(conn)

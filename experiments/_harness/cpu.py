@@ -84,7 +84,21 @@ def autogroup_nice(pid: int = 0) -> int | None:
         text = Path(f"/proc/{pid or 'self'}/autogroup").read_text()
     except OSError:
         return None
-    return int(text.split("nice")[1])
+    return parse_autogroup(text)
+
+
+def parse_autogroup(text: str) -> int | None:
+    """The nice in ``/proc/<pid>/autogroup``'s text (``/autogroup-42 nice 0``), else None.
+
+    The file exists but is empty when the process's scheduling group is not an
+    autogroup (a container's cgroup, or ``kernel.sched_autogroup_enabled=0`` on
+    some kernels): that is "no autogroup", not an error.
+    """
+    words = text.split()
+    if len(words) == 3 and words[1] == "nice":
+        with suppress(ValueError):
+            return int(words[2])
+    return None
 
 
 def scheduling() -> tuple[frozenset[int] | None, int, int | None]:

@@ -111,6 +111,17 @@ class WindowCounts:
         values = self._values[kind]
         return sum(values[i] for i, e in enumerate(self._epochs) if e >= oldest)
 
+    def remove(self, at: float, kind: int) -> bool:
+        """Take back one event of ``kind`` counted at ``at``, if its bucket is still kept;
+        False (nothing changed) once that bucket has left the window or holds none."""
+        epoch = math.floor(at * self._per_s)
+        slot = epoch % self._n
+        values = self._values[kind]
+        if self._epochs[slot] != epoch or values[slot] <= 0:
+            return False
+        values[slot] -= 1
+        return True
+
     def clear(self) -> None:
         """Forget every event."""
         self._epochs = [_NEVER] * self._n
@@ -149,6 +160,7 @@ class RetryBudget:
         self._originals_total = 0
         self._granted_total = 0
         self._denied_total = 0
+        self._refunded_total = 0
 
     @classmethod
     def from_config(cls, config: RetryBudgetSettings) -> RetryBudget:
@@ -181,6 +193,16 @@ class RetryBudget:
         self._denied_total += 1
         return False
 
+    def refund_retry(self, granted_at: float) -> bool:
+        """Give back a retry granted at ``granted_at`` that never ran (the client left, the
+        breaker shut during the backoff, the held answer went out after all): only retries
+        sent count against the allowance, as in Envoy's budget of active retries. False
+        when its bucket has already left the window (it no longer counts anyway)."""
+        if not self._window.remove(granted_at, _RETRY):
+            return False
+        self._refunded_total += 1
+        return True
+
     def balance(self, now: float) -> float:
         """Retries still available in the window right now (>= 0)."""
         return max(0.0, self.allowance(now) - self._window.total(now, _RETRY))
@@ -194,6 +216,7 @@ class RetryBudget:
             "originals_total": self._originals_total,
             "retries_granted_total": self._granted_total,
             "retries_denied_total": self._denied_total,
+            "retries_refunded_total": self._refunded_total,
             "budget_ratio": self.budget_ratio,
             "window_s": self.window_s,
             "floor": self.floor,

@@ -151,24 +151,30 @@ class RetryStage:
         while True:
             attempt = Attempt(self, ctx, send, idempotent, policy)
             error: Exception | None = None
+            again = False
             try:
-                if breaker is not None and not ctx.would_shed:
-                    await breaker.stage.attempt(breaker.app, scope, inner, attempt.send, ctx)
-                else:
-                    await app(scope, inner, attempt.send)
-            except Exception as exc:
-                if attempt.passed_on or not attempt.retry_after_raise():
-                    raise
-                error = exc
-            held = attempt.held  # ``attempt.kept``, inlined
-            if error is None and (held is None or held.committed):
-                return  # kept: passed on to the client (or nothing to pass on)
-            if not await self._backoff(attempt):
-                if error is not None:
-                    attempt.drop()  # the held response (if any) goes with the error
-                    raise error
-                await attempt.flush()
-                return
+                try:
+                    if breaker is not None and not ctx.would_shed:
+                        await breaker.stage.attempt(breaker.app, scope, inner, attempt.send, ctx)
+                    else:
+                        await app(scope, inner, attempt.send)
+                except Exception as exc:
+                    if attempt.passed_on or not attempt.retry_after_raise():
+                        raise
+                    error = exc
+                held = attempt.held  # ``attempt.kept``, inlined
+                if error is None and (held is None or held.committed):
+                    return  # kept: passed on to the client (or nothing to pass on)
+                if not await self._backoff(attempt):
+                    if error is not None:
+                        attempt.drop()  # the held response (if any) goes with the error
+                        raise error
+                    await attempt.flush()
+                    return
+                again = True
+            finally:
+                if not again and attempt.granted_at is not None:
+                    self.unspent(attempt)  # granted, but no next attempt runs on it
             attempt.drop()
             ctx.next_attempt()
             inner = replay([body_message(ctx.body or b"")], receive)
@@ -185,8 +191,9 @@ class RetryStage:
     # -- the decision at the head ----------------------------------------------
     def plan(
         self, ctx: RequestContext, status: int | None, idempotent: bool, policy: RetryPolicy
-    ) -> float | None:
-        """The backoff before another attempt, or None to keep this one."""
+    ) -> tuple[float, float] | None:
+        """The backoff before another attempt and the time its retry was granted by the
+        budget (``unspent`` gives it back), or None to keep this one."""
         outcome = ctx.outcome
         if outcome is None or outcome not in RETRYABLE:
             return None
@@ -204,7 +211,14 @@ class RetryStage:
             self._metrics.count_retry("denied")
             return None
         self._metrics.count_retry("attempted")
-        return delay_s
+        return delay_s, now
+
+    def unspent(self, attempt: Attempt) -> None:
+        """The retry ``attempt`` was granted did not run: its budget given back."""
+        granted_at = attempt.granted_at
+        if granted_at is not None:
+            attempt.granted_at = None
+            self._budget.refund_retry(granted_at)
 
     def _delay_s(self, ctx: RequestContext, now: float, policy: RetryPolicy) -> float | None:
         """Full-jitter backoff before the next attempt; None when the deadline is too near."""

@@ -57,10 +57,14 @@ class Attempt:
 
     ``status``: the response head's status once one was sent; ``held``: the
     holding response when the head was swallowed (None: passed through);
-    ``delay_s``: the backoff the stage planned before the next attempt.
+    ``delay_s``: the backoff the stage planned before the next attempt;
+    ``granted_at``: when the budget granted that retry (None: none granted).
     """
 
-    __slots__ = ("_send", "_stage", "ctx", "delay_s", "held", "idempotent", "policy", "status")
+    __slots__ = (
+        "_send", "_stage", "ctx", "delay_s", "granted_at", "held", "idempotent", "policy",
+        "status",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class Attempt:
         self.idempotent = idempotent
         self.policy = policy
         self.delay_s = 0.0
+        self.granted_at: float | None = None
         self.status: int | None = None
         self.held: HeldResponse | None = None
 
@@ -105,10 +110,10 @@ class Attempt:
         if ctx.outcome is _SUCCESS:  # not retryable: commit; a retry's success is counted
             self._stage.count_head(ctx)
             return self._send(message)
-        delay_s = self._stage.plan(ctx, status, self.idempotent, self.policy)
-        if delay_s is None:
+        planned = self._stage.plan(ctx, status, self.idempotent, self.policy)
+        if planned is None:
             return self._send(message)
-        self.delay_s = delay_s
+        self.delay_s, self.granted_at = planned
         self.held = HeldResponse(
             self._send, hold=True, limit_bytes=self.policy.hold_bytes,
             on_bytes=self._stage.hold_bytes,
@@ -119,10 +124,10 @@ class Attempt:
         """An attempt raised: retry it if nothing was sent and its outcome allows."""
         if self.status is not None:
             return not self.kept  # planned at its head
-        delay_s = self._stage.plan(self.ctx, None, self.idempotent, self.policy)
-        if delay_s is None:
+        planned = self._stage.plan(self.ctx, None, self.idempotent, self.policy)
+        if planned is None:
             return False
-        self.delay_s = delay_s
+        self.delay_s, self.granted_at = planned
         return True
 
     async def flush(self) -> None:

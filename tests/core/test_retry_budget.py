@@ -252,3 +252,43 @@ def test_window_counts_match_the_reference_ring(
     for kind in (0, 1):
         assert window.total(110.0, kind) == model.total(110.0, kind)
         assert window.total(100.0, kind) == model.total(100.0, kind)
+
+
+def test_a_refunded_retry_is_no_longer_counted() -> None:
+    """A granted retry that never ran gives its place back, in the bucket it was counted in."""
+    budget = RetryBudget(budget_ratio=0.0, window_ms=10_000, min_retries_per_s=0.2)  # floor 2
+    assert budget.try_acquire_retry(0.5) and budget.try_acquire_retry(1.5)
+    assert not budget.try_acquire_retry(2.0)
+    assert budget.refund_retry(0.5)  # its bucket (0-1 s) is still in the window
+    assert budget.balance(2.0) == 1.0 and budget.try_acquire_retry(2.0)
+    snap = budget.snapshot(2.0)
+    assert snap["retries_in_window"] == 2 and snap["retries_refunded_total"] == 1
+    assert snap["retries_granted_total"] == 3
+
+
+def test_a_refund_never_takes_from_another_bucket_or_below_zero() -> None:
+    """A grant whose bucket left the window, or a bucket with nothing in it: no change."""
+    budget = RetryBudget(budget_ratio=0.0, window_ms=10_000, min_retries_per_s=0.2)
+    assert budget.try_acquire_retry(0.5)
+    assert budget.try_acquire_retry(10.5)  # the 0-1 s bucket's slot now holds 10-11 s
+    assert not budget.refund_retry(0.5)  # that grant's bucket is gone: it counts no more
+    assert budget.snapshot(10.5)["retries_in_window"] == 1
+    assert budget.refund_retry(10.5) and not budget.refund_retry(10.5)  # never below zero
+    assert budget.snapshot(10.5)["retries_in_window"] == 0
+    assert budget.snapshot(10.5)["retries_refunded_total"] == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.9), st.booleans()), min_size=1, max_size=40))
+def test_refunds_match_grants_not_refunded(steps: list[tuple[float, bool]]) -> None:
+    """After any grants and refunds, the window counts exactly the grants not given back."""
+    budget = RetryBudget(budget_ratio=0.0, window_ms=100_000, min_retries_per_s=1.0)
+    now, kept = 0.0, 0
+    for gap, refund in steps:
+        now += gap
+        assert budget.try_acquire_retry(now)
+        if refund:
+            assert budget.refund_retry(now)
+        else:
+            kept += 1
+    assert budget.snapshot(now)["retries_in_window"] == kept

@@ -257,6 +257,8 @@ async def test_a_client_gone_during_the_retry_backoff_gets_no_second_attempt(lan
     parts = rig.gw.pieces.parts
     assert parts.limiter.inflight == 0 and parts.capacity is not None
     assert parts.capacity.held == 0 and rig.pool.in_use == 0
+    budget = stage._budget.snapshot(0.0)  # the retry granted at the 503 never ran: given back
+    assert budget["retries_granted_total"] == 1 and budget["retries_refunded_total"] == 1
 
 
 async def _leave_before_the_body(lane: bool) -> list[str]:

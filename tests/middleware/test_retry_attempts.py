@@ -169,3 +169,57 @@ async def test_a_breaker_middleware_subclass_is_called_as_an_app() -> None:
 
     await mw(scope, _receive, send)
     assert called == ["wrapped"] and sent == [HEAD_200]
+
+
+async def test_a_granted_retry_that_never_runs_is_given_back_to_the_budget() -> None:
+    """A swallowed 503 gets a retry from the budget; the breaker shuts during the backoff,
+    so no second attempt runs: the retry is refunded, the budget holds none of it."""
+    clock = FakeClock()
+    gate_answers = [True, False]  # admits at the head, shut after the backoff
+    calls = 0
+
+    def gate(ctx: RequestContext, now: float) -> bool:
+        return gate_answers.pop(0)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal calls
+        calls += 1
+        find_context(scope).record(AttemptOutcome.STATUS_5XX)  # type: ignore[union-attr]
+        await send(HEAD_503)
+        await send({"type": "http.response.body", "body": b"busy", "more_body": False})
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    mw = _retry(app, clock, gate=gate)
+    _, scope = _ctx(clock, _scope())
+    await mw(scope, _receive, send)
+    assert calls == 1 and [m.get("status") for m in sent][:1] == [503]  # the held 503 sent
+    snap = mw.stage._budget.snapshot(clock())
+    assert snap["retries_granted_total"] == 1 and snap["retries_refunded_total"] == 1
+    assert snap["retries_in_window"] == 0
+
+
+async def test_a_retry_that_runs_stays_spent() -> None:
+    """The retry that runs is not refunded: 503 then 200, one retry in the window."""
+    clock = FakeClock()
+    statuses = [503, 200]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        status = statuses.pop(0)
+        outcome = AttemptOutcome.STATUS_5XX if status == 503 else AttemptOutcome.SUCCESS
+        find_context(scope).record(outcome)  # type: ignore[union-attr]
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def send(message: Message) -> None:
+        return None
+
+    mw = _retry(app, clock)
+    _, scope = _ctx(clock, _scope())
+    await mw(scope, _receive, send)
+    snap = mw.stage._budget.snapshot(clock())
+    assert statuses == [] and snap["retries_in_window"] == 1
+    assert snap["retries_refunded_total"] == 0

@@ -180,12 +180,32 @@ class RetryStage:
             inner = replay([body_message(ctx.body or b"")], receive)
 
     async def _backoff(self, attempt: Attempt) -> bool:
-        """Sleep before the next attempt; False when the breaker shut or the client left."""
-        if attempt.delay_s > 0:
-            await self._sleep(attempt.delay_s)
+        """Sleep before the next attempt; False when the breaker shut or the client left.
+
+        Under the gateway's own server (``LEAVING``) a client that leaves during the
+        sleep ends it at once (``ResponseCycle.stop``, taken back here as the proxy takes
+        it back at its wait): the permit and the slot are not held for the rest of it."""
         cycle = LEAVING.get()  # the gateway's own server's request cycle, if any
+        if cycle is not None and cycle.task is not asyncio.current_task():
+            cycle = None  # another task of the request (an app's own): not ours to stop
         if cycle is not None and cycle.disconnected:
-            return False  # the client left meanwhile: no more upstream work for it
+            return False  # the client left already: no more upstream work for it
+        if attempt.delay_s > 0:
+            if cycle is not None:
+                cycle.on_gone = cycle.stop
+            try:
+                await self._sleep(attempt.delay_s)
+            except asyncio.CancelledError:
+                if cycle is None or not cycle.stopped:
+                    raise
+                cycle.stopped = False  # ours: the client left during the backoff
+                cycle.task.uncancel()
+                return False
+            finally:
+                if cycle is not None:
+                    cycle.on_gone = None
+            if cycle is not None and cycle.disconnected:
+                return False  # the client left meanwhile: no more upstream work for it
         return self._gate(attempt.ctx, self._clock())
 
     # -- the decision at the head ----------------------------------------------

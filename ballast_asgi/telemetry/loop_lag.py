@@ -7,12 +7,18 @@ first reading made inside a running event loop schedules a callback every
 on shutdown) and records how late each one ran in a ``LoopLag``. A reading
 from another loop (tests run one per test) starts afresh on that loop;
 outside any loop the reading is 0. Costs one short callback per period.
+
+A reading is every request's (``Limiter._release``), so the loop it started on
+is recognised without ``asyncio.get_running_loop``, which makes a ``getpid``
+system call on every call in CPython 3.11: that loop running, on the thread it
+was started from, is the running loop (a thread runs one loop at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from threading import get_ident
 
 from ballast_asgi.core.loop_lag import DEFAULT_ALPHA, DEFAULT_PERIOD_S, LoopLag
 from ballast_asgi.core.types import Clock
@@ -30,21 +36,25 @@ class LoopLagMonitor:
         self.lag = LoopLag(period_s, alpha)
         self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
         self._handle: asyncio.TimerHandle | None = None
 
     def __call__(self) -> float:
         """The lag estimate now (0 outside a running loop; the first call starts the tick)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return 0.0
-        if loop is not self._loop:
-            self._start(loop)
+        loop = self._loop
+        if loop is None or not loop.is_running() or get_ident() != self._thread:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return 0.0
+            if loop is not self._loop:
+                self._start(loop)
         return self.lag.estimate(self.clock())
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.stop()
         self._loop = loop
+        self._thread = get_ident()
         self.lag = LoopLag(self.lag.period_s, self.lag.alpha)
         self._tick()
 

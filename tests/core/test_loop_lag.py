@@ -179,6 +179,34 @@ async def test_monitor_restarts_on_another_loop() -> None:
         monitor.stop()
 
 
+@pytest.mark.anyio
+async def test_monitor_knows_its_loop_without_asking_asyncio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once started, readings on its loop's thread do not call ``get_running_loop`` (a
+    ``getpid`` system call each in CPython 3.11); a reading from a thread with no
+    running loop still reads 0, and the tick stays on the first loop."""
+    monitor = LoopLagMonitor()
+    try:
+        monitor()
+        started = monitor._loop
+        asked: list[int] = []
+        real = asyncio.get_running_loop
+
+        def counted() -> asyncio.AbstractEventLoop:
+            asked.append(1)
+            return real()
+
+        monkeypatch.setattr(asyncio, "get_running_loop", counted)
+        for _ in range(5):
+            monitor()
+        assert asked == [] and monitor._loop is started
+        assert await asyncio.to_thread(monitor) == 0.0  # another thread: no loop there
+        assert asked == [1] and monitor._loop is started
+    finally:
+        monitor.stop()
+
+
 def test_build_parts_attaches_the_monitor_and_reload_toggles_it() -> None:
     """limiter.subtract_loop_lag (default on) attaches the monitor; a reload turns it off."""
     on = GatewayConfig()

@@ -41,8 +41,16 @@ from ballast_asgi.core.retry_budget import RetryBudget
 from ballast_asgi.core.websocket import DEFAULT_MAX_CONNECTIONS_PER_CLIENT, RelayLimits
 
 
+def _signature(cls: Any) -> inspect.Signature:
+    """``cls.__init__``'s signature as its source writes it (a compiled core has none)."""
+    from tests.pure import pure
+
+    source = getattr(pure(cls.__module__), cls.__name__, cls)
+    return inspect.signature(source.__init__)
+
+
 def _core_default(cls: Any, param: str) -> Any:
-    return inspect.signature(cls.__init__).parameters[param].default
+    return _signature(cls).parameters[param].default
 
 
 def _model_default(model: type[BaseModel], field: str) -> Any:
@@ -67,7 +75,7 @@ PAIRS = [
     *[(GradientConfig, name, GradientLimit, name) for name in GradientConfig.model_fields],
     *[
         (BreakerConfig, name, Breaker, name)
-        for name in inspect.signature(Breaker.__init__).parameters
+        for name in _signature(Breaker).parameters
         if name != "self"
     ],
     *[(WebSocketConfig, name, RelayLimits, name) for name in RelayLimits.__dataclass_fields__],
@@ -221,7 +229,7 @@ def _core_classes() -> dict[str, type]:
 
 def _defaults(cls: type) -> dict[str, Any]:
     try:
-        parameters = inspect.signature(cls.__init__).parameters
+        parameters = _signature(cls).parameters
     except (TypeError, ValueError):
         return {}
     empty = inspect.Parameter.empty

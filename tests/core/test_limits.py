@@ -129,3 +129,17 @@ def test_make_limit_rejects_unknown_specific_params() -> None:
     """A parameter no algorithm knows is a TypeError, not silently ignored."""
     with pytest.raises(TypeError):
         make_limit("aimd", bogus=1)
+
+
+def test_the_common_parameters_taken_are_those_of_each_signature() -> None:
+    """``make_limit``'s table of common parameters is each ``__init__``'s, read from the
+    source (a compiled core has no signature to read, hence the table)."""
+    import inspect
+
+    from ballast_asgi.core.limit import COMMON_PARAMS, TAKES
+    from tests.pure import pure
+
+    for name, cls in ALGORITHMS.items():
+        source = getattr(pure(cls.__module__), cls.__name__)
+        taken = set(inspect.signature(source.__init__).parameters) & COMMON_PARAMS
+        assert TAKES[name] == taken, name

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from ballast_asgi.core.limit.aimd import AIMDLimit
@@ -26,6 +25,17 @@ ALGORITHMS: dict[str, type[Any]] = {
 
 #: Parameters shared by the config; silently dropped by algorithms that lack them.
 COMMON_PARAMS = frozenset({"initial_limit", "min_limit", "max_limit", "window_ms", "rng"})
+_BOUNDS = frozenset({"initial_limit", "min_limit", "max_limit"})
+#: The common parameters each algorithm takes, written out rather than read from its
+#: ``__init__``'s signature: a compiled core (ADR 0021) has none to read.
+#: ``tests/core/test_limit_algorithms.py`` checks it against the signatures.
+TAKES: dict[str, frozenset[str]] = {
+    "gradient": COMMON_PARAMS,
+    "fixed": frozenset(),
+    "aimd": _BOUNDS,
+    "vegas": _BOUNDS,
+    "gradient2": _BOUNDS,
+}
 
 
 def make_limit(name: str, **params: Any) -> LimitAlgorithm:
@@ -41,8 +51,8 @@ def make_limit(name: str, **params: Any) -> LimitAlgorithm:
         raise ValueError(f"unknown limit algorithm {name!r}; allowed: {', '.join(ALGORITHMS)}")
     if cls is FixedLimit and "limit" not in params and "initial_limit" in params:
         params["limit"] = params["initial_limit"]
-    accepted = set(inspect.signature(cls.__init__).parameters)
-    kwargs = {k: v for k, v in params.items() if k in accepted or k not in COMMON_PARAMS}
+    takes = TAKES[name]
+    kwargs = {k: v for k, v in params.items() if k in takes or k not in COMMON_PARAMS}
     algorithm: LimitAlgorithm = cls(**kwargs)
     return algorithm
 

@@ -107,17 +107,29 @@ class LimitAlgorithm(Protocol):
 ResultFeed = Callable[[float, float, int, bool, int, float, str, float], int]
 
 
+#: ``on_sample`` methods that only unpack their ``Sample`` into ``on_result``.
+_UNPACKING: list[object] = []
+
+
+def unpacks_into_on_result(on_sample: object) -> None:
+    """Declare ``on_sample`` (a class's, ``Cls.on_sample``) an unpacking into ``on_result``.
+
+    Called after the class statement rather than as a class attribute or a class
+    decorator: a core compiled with mypyc (ADR 0021) allows neither."""
+    if on_sample not in _UNPACKING:
+        _UNPACKING.append(on_sample)
+
+
 def result_feed(algorithm: object) -> ResultFeed | None:
     """The algorithm's ``on_result`` when its ``on_sample`` only unpacks the sample into it.
 
     The limiter feeds each release to it directly, saving the ``Sample`` (a frozen
-    dataclass: the costliest object of a release). An algorithm says so with a class
-    attribute ``_unpacks_into_on_result = on_sample``; a subclass that overrides
-    ``on_sample`` breaks the identity and is fed ``Sample`` objects again.
+    dataclass: the costliest object of a release). An algorithm says so with
+    ``unpacks_into_on_result(Cls.on_sample)``; a subclass that overrides
+    ``on_sample`` has another ``on_sample`` and is fed ``Sample`` objects again.
     """
-    cls = type(algorithm)
-    unpacks = getattr(cls, "_unpacks_into_on_result", None)
-    if unpacks is None or getattr(cls, "on_sample", None) is not unpacks:
+    on_sample = getattr(type(algorithm), "on_sample", None)
+    if not any(on_sample is known for known in _UNPACKING):
         return None
     feed: ResultFeed = algorithm.on_result  # type: ignore[attr-defined]
     return feed

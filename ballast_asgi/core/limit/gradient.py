@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 from ballast_asgi.core.limit.base import (
     DEFAULT_INITIAL_LIMIT,
@@ -68,8 +69,17 @@ from ballast_asgi.core.limit.base import (
     Sample,
     check_bounds,
     clamp,
+    unpacks_into_on_result,
 )
 from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, RouteFloors, percentile
+
+try:  # compiled (ADR 0021): the class stays open to subclasses written in Python
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not installed (no dev tools): nothing is compiled either
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
 
 #: Slow start: a success that started at the limit (``binding_ratio``) and took
 #: at most this many times the no-load RTT raises the limit by ``slow_start_step``
@@ -109,6 +119,7 @@ _RECOVERING = 1.1
 _BINDING_SHARE = 0.25
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GradientLimit:
     """Windowed RTT-gradient controller with multiplicative growth and minRTT probes."""
 
@@ -236,9 +247,6 @@ class GradientLimit:
             sample.start, sample.rtt_s, sample.inflight_at_start, sample.dropped,
             sample.limit_at_start, sample.lag_s, sample.route, now,
         )  # fmt: skip
-
-    #: ``on_sample`` only unpacks its ``Sample`` into ``on_result`` (``base.result_feed``).
-    _unpacks_into_on_result = on_sample
 
     def on_result(
         self,
@@ -487,6 +495,9 @@ class GradientLimit:
             return
         jitter = 1.0 + self._rng.uniform(-self.probe_jitter, self.probe_jitter)
         self._next_probe_at = now + self.probe_interval_s * jitter
+
+
+unpacks_into_on_result(GradientLimit.on_sample)  # ``base.result_feed``: no ``Sample`` built
 
 
 def _check_params(

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DURATION ?= 30
 
-.PHONY: venv test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-headroom bench-routes clean system-deps \
+.PHONY: venv native test lint typecheck pytest demo experiment experiment-pool experiment-quick experiment-ratelimit bench bench-headroom bench-routes clean system-deps \
 	experiment-discovery experiment-canary experiment-chain experiment-anchors
 
 $(STAMP): pyproject.toml
@@ -60,15 +60,27 @@ system-deps:
 	    >/dev/null 2>&1 || echo "warning: could not install chromium; the dashboard test fails"; \
 	fi
 
-pytest: $(STAMP) system-deps
+# The hot pure modules compiled with mypyc (ADR 0021), when a C compiler is there and
+# the build is missing or stale; otherwise the sources are used (same code, slower).
+# BALLAST_NATIVE=0 make ... skips it (and turns the builds off at run time).
+native: $(STAMP)
+	-@$(PY) -m ballast_tools.native --if-stale
+
+# The suite runs on what the gateway runs (the compiled modules when built), and the
+# cores' and the proxy's tests once more on the sources, the reference.
+pytest: $(STAMP) system-deps native
 	$(PY) -m pytest -q
+	@if $(PY) -c 'import sys; from ballast_asgi.core import native; sys.exit(not native.active())'; then \
+	  echo "again on the sources (BALLAST_NATIVE=0): tests/core tests/proxy"; \
+	  BALLAST_NATIVE=0 $(PY) -m pytest -q tests/core tests/proxy; \
+	fi
 
 test: lint typecheck pytest
 
-demo: $(STAMP)
+demo: $(STAMP) native
 	$(PY) -m experiments.demo --duration $(DURATION)
 
-experiment: $(STAMP) system-deps
+experiment: $(STAMP) system-deps native
 	$(PY) -m experiments.sweep
 
 experiment-pool: $(STAMP)
@@ -80,12 +92,12 @@ experiment-quick: $(STAMP) system-deps
 experiment-canary: $(STAMP)
 	$(PY) -m experiments.canary
 
-bench: $(STAMP) system-deps
+bench: $(STAMP) system-deps native
 	$(PY) -m experiments.bench
 
 # Issue 31's headroom table alone (about 3 minutes): nginx proxy / return 429, uvicorn's
 # constant-429 floor, bare aiohttp, the gateway proxied and shedding; docs/bench.md block.
-bench-headroom: $(STAMP) system-deps
+bench-headroom: $(STAMP) system-deps native
 	$(PY) -m experiments.bench.headroom --docs
 
 # Issue 28's httpbin case on loopback: 10 clients on a 1 s endpoint + 10 on an

@@ -15,8 +15,12 @@ from __future__ import annotations
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from ballast_asgi.core import adopt as _adopt
-from ballast_asgi.core._lazy import lazy_getattr, moved_modules
+from ballast_asgi.core import native as _native
+
+_native.install()  # the compiled cores when built and current (ADR 0021); first of all
+
+from ballast_asgi.core import adopt as _adopt  # noqa: E402
+from ballast_asgi.core._lazy import lazy_getattr, moved_modules  # noqa: E402
 
 if TYPE_CHECKING:
     from ballast_asgi.config import GatewayConfig, load_config

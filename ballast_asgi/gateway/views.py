@@ -19,6 +19,7 @@ from typing import Any
 from ballast_asgi.canary.asgi import CanaryRuntime
 from ballast_asgi.config import GatewayConfig
 from ballast_asgi.config.models import ServerConfig, WebSocketConfig
+from ballast_asgi.core import native
 from ballast_asgi.core.adopt import protocol
 from ballast_asgi.core.redact import redact_userinfo
 from ballast_asgi.core.types import ASGIApp, Clock
@@ -183,4 +184,5 @@ class GatewayViews:
             doc["discovery"] = self.discovery.snapshot()
         doc["canary"] = {"state": "none"} if self.canary is None else self.canary.snapshot()
         doc["websocket"] = self.websockets.snapshot()
+        doc["native"] = native.status()  # the compiled cores in use, or why not (ADR 0021)
         return doc

@@ -361,7 +361,8 @@ def table(doc: dict[str, Any]) -> list[str]:
         f"run, medians of {doc['reps']} (range), rows alternating; {doc['backend']}. CPU per "
         "response = the server process's utime + stime (`/proc/<pid>/stat`, all threads) "
         "over the run / responses wrk counted. Load average at start "
-        f"{doc['loadavg'][0]}, at the end {doc['loadavg'][1]}.",
+        f"{doc['loadavg'][0]}, at the end {doc['loadavg'][1]}. The gateway ran "
+        f"{doc.get('native', 'the sources')}.",
         "",
         "| what | CPU per response (us) | responses/s on one core | its CPU busy | "
         "1 s / CPU per response | peak RSS (MB) |",
@@ -486,7 +487,20 @@ def headroom(
         "runs": runs,
         "summary": summarize(runs, rss),
         "before": _describe(before),
+        "native": _native(),
     }
+
+
+def _native() -> str:
+    """What the gateway rows ran: the compiled cores (ADR 0021) or the sources, and why."""
+    from ballast_asgi.core import native
+
+    if os.environ.get(native.ENV) == "0":
+        return f"the sources ({native.ENV}=0)"
+    reason = native.stale()
+    if reason is None:
+        return f"the compiled cores ({len(native.MODULES)} modules, ADR 0021)"
+    return f"the sources ({reason})"
 
 
 def _root(uvicorn: str) -> str:

@@ -1,0 +1,140 @@
+"""Compiled cores (ADR 0021): mypyc builds of the hot pure modules, used only when current.
+
+``make native`` (``python -m ballast_tools.native``) compiles ``MODULES`` with
+mypyc into ``ballast_asgi/.native/`` (not next to the sources, so a compiled
+module can never shadow an edited one) and writes a manifest with the SHA-256
+of each module's source. ``install()``, run first by ``ballast_asgi/__init__``,
+puts a finder in front of the import system that loads those builds instead of
+the sources, and only when every source still has the digest it was compiled
+from and the interpreter is the one it was compiled for. Anything else (no
+build, a stale one, another Python, ``BALLAST_NATIVE=0``) imports the sources,
+which are the reference: the same code, slower.
+
+Standard library only: it runs before anything else of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec
+from importlib.util import spec_from_file_location
+from pathlib import Path
+from types import ModuleType
+
+#: The modules compiled: the pure cores and header code every proxied request runs
+#: (ADR 0021 says how they were chosen). ``Limiter`` and its base stay interpreted:
+#: the tests track limiters with weak references, which compiled classes refuse.
+MODULES = (
+    "ballast_asgi.core.breaker",
+    "ballast_asgi.core.breaker_set",
+    "ballast_asgi.core.breaker_stats",
+    "ballast_asgi.core.breaker_ticket",
+    "ballast_asgi.core.capacity",
+    "ballast_asgi.core.classify",
+    "ballast_asgi.core.forwarded",
+    "ballast_asgi.core.head",
+    "ballast_asgi.core.limit.gradient",
+    "ballast_asgi.core.limit.route_floors",
+    "ballast_asgi.core.limiter_permit",
+    "ballast_asgi.core.limiter_windows",
+    "ballast_asgi.core.loop_lag",
+    "ballast_asgi.core.retry_budget",
+    "ballast_asgi.core.routes",
+    "ballast_asgi.proxy.headers",
+)
+#: mypyc's group name; its shared library is the top-level module ``LIBRARY``.
+GROUP = "ballast_asgi_native"
+LIBRARY = f"{GROUP}__mypyc"
+PACKAGE = Path(__file__).resolve().parent.parent
+DIR = PACKAGE / ".native"
+MANIFEST = DIR / "manifest.json"
+#: The environment variable that turns the builds off (``0``).
+ENV = "BALLAST_NATIVE"
+
+_active = False
+
+
+def source(name: str) -> Path:
+    """The source file of module ``name``."""
+    return PACKAGE.joinpath(*name.split(".")[1:]).with_suffix(".py")
+
+
+def digest(name: str) -> str:
+    """SHA-256 of module ``name``'s source."""
+    return hashlib.sha256(source(name).read_bytes()).hexdigest()
+
+
+def tag() -> str:
+    """The interpreter a build is for (cache tag and extension suffix)."""
+    return f"{sys.implementation.cache_tag}{EXTENSION_SUFFIXES[0]}"
+
+
+def built(name: str, root: Path = DIR) -> Path:
+    """Where the build of module ``name`` is under ``root``."""
+    return root.joinpath(*name.split(".")).with_name(name.split(".")[-1] + EXTENSION_SUFFIXES[0])
+
+
+def stale(root: Path = DIR) -> str | None:
+    """Why the builds under ``root`` cannot be used (None: they can)."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return "no build (make native)"
+    if not isinstance(manifest, dict) or manifest.get("tag") != tag():
+        return "built for another interpreter"
+    digests = manifest.get("modules")
+    if not isinstance(digests, dict) or set(digests) != set(MODULES):
+        return "built from another module list"
+    for name in MODULES:
+        if digests[name] != digest(name) or not built(name, root).is_file():
+            return f"{name} changed since it was compiled"
+    if not built(LIBRARY, root).is_file():
+        return "the group library is missing"
+    return None
+
+
+class _Finder:
+    """Finds the compiled modules (and mypyc's group library) under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.files = {name: built(name, root) for name in (*MODULES, LIBRARY)}
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        return spec_from_file_location(
+            fullname, file, loader=ExtensionFileLoader(fullname, str(file))
+        )
+
+
+def install() -> bool:
+    """Load the compiled modules from now on when they are current; whether they are."""
+    global _active
+    if _active:
+        return True
+    if os.environ.get(ENV, "1") == "0" or any(name in sys.modules for name in MODULES):
+        return False  # turned off, or a source module is loaded already (too late)
+    if stale() is not None:
+        return False
+    sys.meta_path.insert(0, _Finder(DIR))
+    _active = True
+    return True
+
+
+def active() -> bool:
+    """Whether the compiled modules are the ones imported in this process."""
+    return _active
+
+
+def status() -> dict[str, object]:
+    """For ``/snapshot`` and ``ballast-asgi check``: compiled or not, and why not."""
+    reason = None if _active else ("off (BALLAST_NATIVE=0)" if os.environ.get(ENV) == "0"
+                                   else stale() or "sources loaded first")  # fmt: skip
+    return {"compiled": _active, "modules": len(MODULES) if _active else 0, "why_not": reason}

@@ -1,0 +1,89 @@
+"""The compiled cores (ADR 0021) are used only while they are current; otherwise the sources."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ballast_asgi.core import native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fake_build(root: Path, **manifest: object) -> None:
+    """A build's layout under ``root``: empty library files and a manifest."""
+    for name in (*native.MODULES, native.LIBRARY):
+        path = native.built(name, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    doc = {"tag": native.tag(), "modules": {m: native.digest(m) for m in native.MODULES}}
+    doc.update(manifest)
+    (root / "manifest.json").write_text(json.dumps(doc))
+
+
+def test_a_current_build_is_usable(tmp_path: Path) -> None:
+    _fake_build(tmp_path)
+    assert native.stale(tmp_path) is None
+
+
+def test_a_build_is_refused_when_anything_changed(tmp_path: Path) -> None:
+    """No build, another interpreter, another module list, an edited source, a missing file."""
+    assert native.stale(tmp_path) == "no build (make native)"
+    _fake_build(tmp_path, tag="cpython-312.so")
+    assert native.stale(tmp_path) == "built for another interpreter"
+    _fake_build(
+        tmp_path, modules={"ballast_asgi.core.head": native.digest("ballast_asgi.core.head")}
+    )
+    assert native.stale(tmp_path) == "built from another module list"
+    edited = {m: native.digest(m) for m in native.MODULES}
+    edited["ballast_asgi.proxy.headers"] = "0" * 64  # compiled from another text
+    _fake_build(tmp_path, modules=edited)
+    assert native.stale(tmp_path) == "ballast_asgi.proxy.headers changed since it was compiled"
+    _fake_build(tmp_path)
+    native.built(native.LIBRARY, tmp_path).unlink()
+    assert native.stale(tmp_path) == "the group library is missing"
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert native.stale(tmp_path) == "no build (make native)"
+
+
+def test_the_finder_serves_only_the_compiled_modules(tmp_path: Path) -> None:
+    _fake_build(tmp_path)
+    finder = native._Finder(tmp_path)
+    spec = finder.find_spec("ballast_asgi.core.head")
+    assert spec is not None and spec.origin == str(native.built("ballast_asgi.core.head", tmp_path))
+    assert finder.find_spec(native.LIBRARY) is not None
+    assert finder.find_spec("ballast_asgi.core.limiter") is None  # interpreted on purpose
+    assert finder.find_spec("json") is None
+
+
+def test_every_compiled_module_exists_and_is_a_pure_core_or_the_headers() -> None:
+    for name in native.MODULES:
+        assert native.source(name).is_file(), name
+        assert name.startswith("ballast_asgi.core.") or name == "ballast_asgi.proxy.headers"
+
+
+def _imported_from(env: dict[str, str]) -> str:
+    code = "import ballast_asgi.core.head as h, ballast_asgi.core.native as n; print(h.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=env)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_turned_off_the_sources_are_imported() -> None:
+    """``BALLAST_NATIVE=0``: a fresh interpreter imports the source, built or not."""
+    env = {**os.environ, native.ENV: "0"}
+    assert _imported_from(env).endswith("core/head.py")
+
+
+def test_a_fresh_interpreter_imports_the_build_exactly_when_it_is_current() -> None:
+    """A current build (``make native`` ran here) is what is imported; with none, or a
+    stale one (no C compiler, an edited source), the source is."""
+    env = {k: v for k, v in os.environ.items() if k != native.ENV}
+    origin = _imported_from(env)
+    if native.stale() is None:
+        assert origin.startswith(str(native.DIR))
+    else:
+        assert origin.endswith("core/head.py")

@@ -16,6 +16,7 @@ Standard library only: it runs before anything else of the package.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -56,6 +57,8 @@ MANIFEST = DIR / "manifest.json"
 ENV = "BALLAST_NATIVE"
 
 _active = False
+#: Why ``install`` left the sources in use (None: it did not run, or they are compiled).
+_why: str | None = None
 
 
 def source(name: str) -> Path:
@@ -116,14 +119,27 @@ class _Finder:
 
 def install() -> bool:
     """Load the compiled modules from now on when they are current; whether they are."""
-    global _active
+    global _active, _why
     if _active:
         return True
-    if os.environ.get(ENV, "1") == "0" or any(name in sys.modules for name in MODULES):
-        return False  # turned off, or a source module is loaded already (too late)
-    if stale() is not None:
+    if os.environ.get(ENV, "1") == "0":
+        _why = f"off ({ENV}=0)"
         return False
-    sys.meta_path.insert(0, _Finder(DIR))
+    if any(name in sys.modules for name in MODULES):
+        _why = "the sources were imported first"
+        return False
+    _why = stale()
+    if _why is not None:
+        return False
+    finder = _Finder(DIR)
+    sys.meta_path.insert(0, finder)
+    try:  # the group library holds all the code: a damaged or foreign build fails here
+        importlib.import_module(LIBRARY)
+    except (ImportError, OSError) as exc:
+        sys.meta_path.remove(finder)
+        sys.modules.pop(LIBRARY, None)
+        _why = f"the build does not load ({exc})"
+        return False
     _active = True
     return True
 
@@ -134,7 +150,6 @@ def active() -> bool:
 
 
 def status() -> dict[str, object]:
-    """For ``/snapshot`` and ``ballast-asgi check``: compiled or not, and why not."""
-    reason = None if _active else ("off (BALLAST_NATIVE=0)" if os.environ.get(ENV) == "0"
-                                   else stale() or "sources loaded first")  # fmt: skip
+    """For ``/snapshot``: compiled or not, and why not."""
+    reason = None if _active else (_why or "not installed")
     return {"compiled": _active, "modules": len(MODULES) if _active else 0, "why_not": reason}

@@ -87,3 +87,24 @@ def test_a_fresh_interpreter_imports_the_build_exactly_when_it_is_current() -> N
         assert origin.startswith(str(native.DIR))
     else:
         assert origin.endswith("core/head.py")
+
+
+def test_a_damaged_build_is_not_used(tmp_path: Path) -> None:
+    """A build whose manifest holds but whose library does not load (truncated, another
+    ABI): a fresh interpreter falls back to the sources instead of failing to import."""
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(native.PACKAGE, copy / "ballast_asgi", ignore=shutil.ignore_patterns(".native"))
+    _fake_build(copy / "ballast_asgi" / ".native")  # digests match, every library empty
+    code = (
+        "import ballast_asgi.core.head as h, ballast_asgi.core.native as n; "
+        "print(h.__file__, n.active(), n.stale(), n.status()['why_not'][:23])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != native.ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=copy, env=env)  # fmt: skip
+    origin, active, stale, why = out.stdout.split(maxsplit=3)
+    assert origin == str(copy / "ballast_asgi" / "core" / "head.py")
+    assert active == "False" and stale == "None"  # current by its manifest, yet unused
+    assert why.strip() == "the build does not load"

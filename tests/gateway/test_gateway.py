@@ -95,7 +95,13 @@ async def test_admin_port_app_serves_root_paths() -> None:
     transport = httpx.ASGITransport(gw.admin_app())
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as c:
         assert (await c.get("/metrics")).status_code == 200
-        assert (await c.get("/snapshot")).json()["limiter"]["inflight"] == 0
+        snap = (await c.get("/snapshot")).json()
+    assert snap["limiter"]["inflight"] == 0
+    from ballast_asgi.core import native  # which build runs, and why not (ADR 0021)
+
+    assert snap["native"] == native.status()
+    assert snap["native"]["compiled"] is native.active()
+    assert (snap["native"]["why_not"] is None) is native.active()
 
 
 async def test_reload_applies_new_limit_and_rejects_invalid(tmp_path: Path) -> None:

@@ -36,3 +36,29 @@ def pure(name: str) -> ModuleType:
         del sys.modules[private]
     _LOADED[name] = module
     return module
+
+
+def on_the_sources(nodeid: str) -> bool:
+    """Whether a test that patches our functions or methods runs its body here.
+
+    Its instrumentation (a module function or a method replaced by a counting one)
+    cannot see inside compiled code, which calls the original directly. On the
+    sources it runs here (True). With the compiled modules in use, this test is run
+    on the sources in a fresh interpreter (``BALLAST_NATIVE=0``), asserted to pass,
+    and False is returned: nothing more to do in this process.
+    """
+    import os
+    import subprocess
+
+    from ballast_asgi.core import native
+
+    if not native.active():
+        return True
+    env = {**os.environ, native.ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid],
+        cwd=_ROOT.parent, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, f"{nodeid} on the sources:\n{out.stdout[-3000:]}"
+    assert "1 passed" in out.stdout, out.stdout[-500:]
+    return False

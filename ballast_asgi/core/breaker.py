@@ -82,7 +82,7 @@ DEFAULT_OPEN_MS = 2_000
 DEFAULT_MAX_OPEN_MS = 15_000
 DEFAULT_HALF_OPEN_SUCCESSES = 1
 DEFAULT_PROBE_TIMEOUT_MS = 2_000
-DEFAULT_FAILURE_STATUSES = tuple(sorted(_FAILURE_STATUSES))
+DEFAULT_FAILURE_STATUSES: tuple[int, ...] = tuple(sorted(_FAILURE_STATUSES))
 #: The config's default: failures from 3 distinct clients before a 5xx can open a breaker.
 DEFAULT_MIN_FAILING_CLIENTS = 3
 #: A breaker is on unless the config turns it off.

@@ -26,9 +26,11 @@ from importlib.util import spec_from_file_location
 from pathlib import Path
 from types import ModuleType
 
-#: The modules compiled: the pure cores and header code every proxied request runs
-#: (ADR 0021 says how they were chosen). ``Limiter`` and its base stay interpreted:
-#: the tests track limiters with weak references, which compiled classes refuse.
+#: The modules compiled: the pure cores, the header code and the lane's path through the
+#: stages, which every proxied request runs (ADR 0021 says how they were chosen).
+#: ``Limiter`` and its base stay interpreted: the tests track limiters with weak
+#: references, which compiled classes refuse. The server protocol and the lean client
+#: subclass uvicorn's and asyncio's classes, which a compiled class may not.
 MODULES = (
     "ballast_asgi.core.breaker",
     "ballast_asgi.core.breaker_set",
@@ -46,7 +48,17 @@ MODULES = (
     "ballast_asgi.core.retry_budget",
     "ballast_asgi.core.routes",
     "ballast_asgi.proxy.headers",
+    # the lane's path through the stages (``gateway/lane.py``, ADR 0020)
+    "ballast_asgi.middleware.context",
+    "ballast_asgi.middleware.admission",
+    "ballast_asgi.middleware.pipeline",
+    "ballast_asgi.middleware.at_wire",
+    "ballast_asgi.middleware.concurrency",
+    "ballast_asgi.proxy.laned",
+    "ballast_asgi.gateway.lane",
 )
+#: Which of ``MODULES`` are the lane's path rather than pure cores or header code.
+LANE_PATH = frozenset(MODULES[-7:])
 #: mypyc's group name; its shared library is the top-level module ``LIBRARY``.
 GROUP = "ballast_asgi_native"
 LIBRARY = f"{GROUP}__mypyc"

@@ -26,11 +26,12 @@ from importlib.util import spec_from_file_location
 from pathlib import Path
 from types import ModuleType
 
-#: The modules compiled: the pure cores, the header code and the lane's path through the
-#: stages, which every proxied request runs (ADR 0021 says how they were chosen).
-#: ``Limiter`` and its base stay interpreted: the tests track limiters with weak
-#: references, which compiled classes refuse. The server protocol and the lean client
-#: subclass uvicorn's and asyncio's classes, which a compiled class may not.
+#: The modules compiled: the pure cores, the header code and the request's path through
+#: the stages, the lane and the lean client, which every proxied request runs (ADR 0021
+#: says how they were chosen). ``Limiter`` and its base stay interpreted: the tests track
+#: limiters with weak references, which compiled classes refuse. The server protocol and
+#: the lean connection subclass uvicorn's and asyncio's classes, which a compiled class
+#: may not; ``lean_wire.py`` has an async generator, which mypyc does not compile.
 MODULES = (
     "ballast_asgi.core.breaker",
     "ballast_asgi.core.breaker_set",
@@ -48,7 +49,7 @@ MODULES = (
     "ballast_asgi.core.retry_budget",
     "ballast_asgi.core.routes",
     "ballast_asgi.proxy.headers",
-    # the lane's path through the stages (``gateway/lane.py``, ADR 0020)
+    # the request's path through the stages, the lane (ADR 0020) and the lean client
     "ballast_asgi.middleware.context",
     "ballast_asgi.middleware.admission",
     "ballast_asgi.middleware.pipeline",
@@ -56,9 +57,14 @@ MODULES = (
     "ballast_asgi.middleware.concurrency",
     "ballast_asgi.proxy.laned",
     "ballast_asgi.gateway.lane",
+    "ballast_asgi.middleware.breaker",
+    "ballast_asgi.middleware.retry",
+    "ballast_asgi.middleware.retry_attempt",
+    "ballast_asgi.server.cycle",
+    "ballast_asgi.proxy.transports.lean",
 )
-#: Which of ``MODULES`` are the lane's path rather than pure cores or header code.
-LANE_PATH = frozenset(MODULES[-7:])
+#: Which of ``MODULES`` are the request's path rather than pure cores or header code.
+REQUEST_PATH = frozenset(MODULES[-12:])
 #: mypyc's group name; its shared library is the top-level module ``LIBRARY``.
 GROUP = "ballast_asgi_native"
 LIBRARY = f"{GROUP}__mypyc"

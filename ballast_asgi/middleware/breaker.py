@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Collection
+from typing import Any
 
 from ballast_asgi.core.breaker import Breaker, BreakerState, Ticket
 from ballast_asgi.core.breaker_set import BreakerSet
@@ -55,6 +56,13 @@ from ballast_asgi.middleware.context import SCOPE_KEY, RequestContext
 from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
+
+try:  # compiled (ADR 0021): the class stays open to subclasses written in Python
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not installed (no dev tools): nothing is compiled either
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
 
 
 class BreakerStage:
@@ -156,6 +164,7 @@ class BreakerStage:
             permit.release(Outcome.IGNORED, now)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (ADR 0021), open to subclasses
 class BreakerMiddleware:
     """Shed while the breaker is open; feed it each attempt's verdict (``BreakerStage``)."""
 

@@ -59,17 +59,18 @@ def test_the_finder_serves_only_the_compiled_modules(tmp_path: Path) -> None:
     assert finder.find_spec("json") is None
 
 
-def test_every_compiled_module_exists_and_is_a_core_the_headers_or_the_lane_s_path() -> None:
+def test_every_compiled_module_exists_and_is_a_core_the_headers_or_the_request_path() -> None:
     for name in native.MODULES:
         assert native.source(name).is_file(), name
         assert (
             name.startswith("ballast_asgi.core.")
             or name == "ballast_asgi.proxy.headers"
-            or name in native.LANE_PATH
+            or name in native.REQUEST_PATH
         ), name
-    lane = ("ballast_asgi.middleware.", "ballast_asgi.proxy.laned", "ballast_asgi.gateway.lane")
-    assert native.LANE_PATH.issubset(native.MODULES)
-    assert all(name.startswith(lane) for name in native.LANE_PATH)
+    path = ("ballast_asgi.middleware.", "ballast_asgi.proxy.laned", "ballast_asgi.gateway.lane",
+            "ballast_asgi.server.cycle", "ballast_asgi.proxy.transports.lean")  # fmt: skip
+    assert native.REQUEST_PATH.issubset(native.MODULES)
+    assert all(name.startswith(path) for name in native.REQUEST_PATH)
 
 
 def _imported_from(env: dict[str, str]) -> str:

@@ -80,7 +80,7 @@ class LaneRig:
         async def connect(key: tuple[str, int], limits: Any, deadline: Any) -> Conn:
             return self._conn(key)
 
-        pool._connect = connect  # type: ignore[method-assign]
+        pool.connector = connect
         for _ in range(idle):
             conn = self._conn(("127.0.0.1", 9))
             pool.in_use += 1

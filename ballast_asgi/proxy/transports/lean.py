@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -106,6 +106,9 @@ class _Pool:
         self.closed = False
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
+        #: How a new connection is opened (None: ``_connect``); a test rig's fake one.
+        self.connector: Callable[[tuple[str, int], Limits, float | None], Awaitable[Conn]] | None
+        self.connector = None
 
     async def acquire(self, host: str, port: int, limits: Limits, deadline: float | None) -> Conn:
         """A connection for one exchange (pooled if one is fresh, else a new one)."""
@@ -126,6 +129,9 @@ class _Pool:
             await self._wait(until)
         self.in_use += 1
         try:
+            opener = self.connector
+            if opener is not None:
+                return await opener(key, limits, deadline)
             return await self._connect(key, limits, deadline)
         except BaseException:
             self.release(None, False)

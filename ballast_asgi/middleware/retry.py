@@ -196,11 +196,9 @@ class RetryStage:
             try:
                 await self._sleep(attempt.delay_s)
             except asyncio.CancelledError:
-                if cycle is None or not cycle.stopped:
+                if cycle is None or not cycle.took_back():
                     raise
-                cycle.stopped = False  # ours: the client left during the backoff
-                cycle.task.uncancel()
-                return False
+                return False  # the client left during the backoff
             finally:
                 if cycle is not None:
                     cycle.on_gone = None

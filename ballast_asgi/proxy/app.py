@@ -283,11 +283,9 @@ class ProxyApp:
                 else:
                     await response.aclose()
         except asyncio.CancelledError:
-            if cycle is None or not cycle.stopped:
+            if cycle is None or not cycle.took_back():
                 raise
-            cycle.stopped = False  # ours: the client left (the exchange closed its connection)
-            cycle.task.uncancel()
-            gone(ctx)
+            gone(ctx)  # the client left (the exchange closed its connection)
         finally:
             if cycle is not None:
                 cycle.on_gone = None

@@ -206,6 +206,15 @@ class ResponseCycle:
             self.stopped = True
             task.cancel()
 
+    def took_back(self) -> bool:
+        """At a ``CancelledError``: whether it was ``stop``'s (the client left), and if so
+        take it back (the task goes on to record and release); False: someone else's."""
+        if not self.stopped or self.task is None:
+            return False
+        self.stopped = False
+        self.task.uncancel()
+        return True
+
     async def run_asgi(self, app: Any) -> None:
         """uvicorn's ``run_asgi``: the app, a 500 when it failed before its response."""
         LEAVING.set(self)  # in this task's own context

@@ -492,15 +492,16 @@ def headroom(
 
 
 def _native() -> str:
-    """What the gateway rows ran: the compiled cores (ADR 0021) or the sources, and why."""
+    """What the gateway rows ran: the compiled cores (ADR 0021) or the sources, and why.
+
+    The gateways are started from this checkout with this environment, so this
+    process's own import decided the same (``native.status``)."""
     from ballast_asgi.core import native
 
-    if os.environ.get(native.ENV) == "0":
-        return f"the sources ({native.ENV}=0)"
-    reason = native.stale()
-    if reason is None:
-        return f"the compiled cores ({len(native.MODULES)} modules, ADR 0021)"
-    return f"the sources ({reason})"
+    state = native.status()
+    if state["compiled"]:
+        return f"the compiled cores ({state['modules']} modules, ADR 0021)"
+    return f"the sources ({state['why_not']})"
 
 
 def _root(uvicorn: str) -> str:

@@ -25,13 +25,25 @@ from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleS
 from importlib.util import spec_from_file_location
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+try:  # a compiled class's options, written ``@mypyc_attr(allow_interpreted_subclasses=True)``
+    # where the class stays open to subclasses written in Python (mypyc reads the call)
+    from mypy_extensions import mypyc_attr as mypyc_attr
+except ImportError:  # installed with mypy, which compiles: without it nothing is compiled
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
 
 #: The modules compiled: the pure cores, the header code and the request's path through
 #: the stages, the lane and the lean client, which every proxied request runs (ADR 0021
-#: says how they were chosen). ``Limiter`` and its base stay interpreted: the tests track
-#: limiters with weak references, which compiled classes refuse. The server protocol and
-#: the lean connection subclass uvicorn's and asyncio's classes, which a compiled class
-#: may not; ``lean_wire.py`` has an async generator, which mypyc does not compile.
+#: says how they were chosen and what a compiled module may not do). ``Limiter`` stays
+#: interpreted: the tests track limiters with weak references, and a compiled object's
+#: deallocation does not clear them. The server protocol and the lean connection
+#: subclass uvicorn's and asyncio's classes; the proxy app and its relay await inside
+#: ``except`` and ``finally`` (which compiled coroutines get wrong, mypyc#1114) and are
+#: off the lane's path anyway.
 MODULES = (
     "ballast_asgi.core.breaker",
     "ballast_asgi.core.breaker_set",
@@ -62,9 +74,17 @@ MODULES = (
     "ballast_asgi.middleware.retry_attempt",
     "ballast_asgi.server.cycle",
     "ballast_asgi.proxy.transports.lean",
+    "ballast_asgi.proxy.transports.direct",
+    "ballast_asgi.proxy.transports.lean_wire",
+    "ballast_asgi.core.outcome",
+    "ballast_asgi.middleware.limit_route",
+    "ballast_asgi.middleware.queueing",
+    "ballast_asgi.proxy.calls",
+    "ballast_asgi.gateway.hooks",
+    "ballast_asgi.telemetry.loop_lag",
 )
 #: Which of ``MODULES`` are the request's path rather than pure cores or header code.
-REQUEST_PATH = frozenset(MODULES[-12:])
+REQUEST_PATH = frozenset(MODULES[MODULES.index("ballast_asgi.proxy.headers") + 1 :])
 #: mypyc's group name; its shared library is the top-level module ``LIBRARY``.
 GROUP = "ballast_asgi_native"
 LIBRARY = f"{GROUP}__mypyc"

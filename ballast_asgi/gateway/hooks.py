@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ballast_asgi.core.forwarded import ForwardedTrust
+from ballast_asgi.core.native import mypyc_attr
 from ballast_asgi.core.shed import Shed, ShedHeaders
 from ballast_asgi.core.types import RawHeaders, Scope
 from ballast_asgi.middleware.admission import WIRE_READ
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ballast_asgi.gateway.compose import Stack
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (ADR 0021); ``Gateway`` is one
 class ServerHooks:
     """The gateway's answers to its server protocol (see the module)."""
 

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Collection
-from typing import Any
 
 from ballast_asgi.core.breaker import Breaker, BreakerState, Ticket
 from ballast_asgi.core.breaker_set import BreakerSet
 from ballast_asgi.core.forwarded import client_ip
+from ballast_asgi.core.native import mypyc_attr
 from ballast_asgi.core.outcome import (
     AttemptOutcome,
     Outcome,
@@ -56,13 +56,6 @@ from ballast_asgi.middleware.context import SCOPE_KEY, RequestContext
 from ballast_asgi.middleware.responses import ShedResponder
 from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
-
-try:  # compiled (ADR 0021): the class stays open to subclasses written in Python
-    from mypy_extensions import mypyc_attr
-except ImportError:  # not installed (no dev tools): nothing is compiled either
-
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
-        return lambda cls: cls
 
 
 class BreakerStage:

@@ -220,12 +220,8 @@ class ResponseCycle:
         LEAVING.set(self)  # in this task's own context
         try:
             result = await app(self.scope, self.receive, self.send)
-        except BaseException as exc:
-            self.protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
-            if not self.response_started:
-                await self.send_500_response()
-            else:
-                self._close()
+        except BaseException as exc:  # no await in here: compiled, ADR 0021
+            self.fail(exc)
         else:
             if result is not None:
                 msg = "ASGI callable should return None, but returned '%s'."

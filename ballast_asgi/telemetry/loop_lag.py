@@ -36,13 +36,13 @@ class LoopLagMonitor:
         self.lag = LoopLag(period_s, alpha)
         self.clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
+        self._owner_thread = 0
         self._handle: asyncio.TimerHandle | None = None
 
     def __call__(self) -> float:
         """The lag estimate now (0 outside a running loop; the first call starts the tick)."""
         loop = self._loop
-        if loop is None or not loop.is_running() or get_ident() != self._thread:
+        if loop is None or not loop.is_running() or get_ident() != self._owner_thread:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -54,7 +54,7 @@ class LoopLagMonitor:
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.stop()
         self._loop = loop
-        self._thread = get_ident()
+        self._owner_thread = get_ident()
         self.lag = LoopLag(self.lag.period_s, self.lag.alpha)
         self._tick()
 

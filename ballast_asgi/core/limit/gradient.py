@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
 
 from ballast_asgi.core.limit.base import (
     DEFAULT_INITIAL_LIMIT,
@@ -72,14 +71,7 @@ from ballast_asgi.core.limit.base import (
     unpacks_into_on_result,
 )
 from ballast_asgi.core.limit.route_floors import DEFAULT_MAX_ROUTES, RouteFloors, percentile
-
-try:  # compiled (ADR 0021): the class stays open to subclasses written in Python
-    from mypy_extensions import mypyc_attr
-except ImportError:  # not installed (no dev tools): nothing is compiled either
-
-    def mypyc_attr(*attrs: str, **kwattrs: object) -> Any:  # type: ignore[misc]
-        return lambda cls: cls
-
+from ballast_asgi.core.native import mypyc_attr
 
 #: Slow start: a success that started at the limit (``binding_ratio``) and took
 #: at most this many times the no-load RTT raises the limit by ``slow_start_step``

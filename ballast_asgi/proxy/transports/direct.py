@@ -31,7 +31,7 @@ class DirectResponse:
     ``stream``, ``aclose``) on ``AiohttpTransport.send_direct``'s path.
     """
 
-    __slots__ = ("raw_headers", "status_code", "stream")
+    __slots__ = ("_stream", "raw_headers", "status_code")
     #: The transport's parser already refused control characters in header values.
     values_checked = False
 
@@ -40,7 +40,13 @@ class DirectResponse:
     ) -> None:
         self.status_code = status
         self.raw_headers = raw_headers
-        self.stream = stream
+        self._stream = stream
+
+    @property
+    def stream(self) -> ResponseBody:
+        """The body (a property, so that a subclass may be its own body: compiled code
+        reads an overridden property right, an attribute it does not, ADR 0021)."""
+        return self._stream
 
     async def aclose(self) -> None:
         """Release the connection (or close it when the body was not read)."""

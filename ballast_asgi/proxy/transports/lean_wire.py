@@ -40,7 +40,7 @@ Longer than 320 lines on purpose: the exchange is one parser-callback object
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -109,7 +109,7 @@ class LeanResponse(DirectResponse):
     values_checked = True
 
     @property
-    def stream(self) -> LeanResponse:  # type: ignore[override]  # itself, with no self-reference
+    def stream(self) -> LeanResponse:  # itself, with no self-reference
         """The body stream: this object."""
         return self
 
@@ -307,8 +307,13 @@ class LeanResponse(DirectResponse):
         chunks, self._chunks, self._size = self._chunks, [], 0
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> LeanBody:
+        """The body's chunks as they arrive (read once: ``arrived`` gives nothing after)."""
         self._read = True
+        return LeanBody(self)
+
+    async def next_chunk(self) -> bytes | None:
+        """The bytes in since the last call, waiting for some; None at the end of the body."""
         while True:
             chunks = self._chunks
             if chunks:
@@ -316,17 +321,17 @@ class LeanResponse(DirectResponse):
                 if not self._released and self._conn.paused:  # released: someone else's
                     self._last = self._loop.time()  # the upstream's idle bound starts again
                     self._conn.pause(False)
-                yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            elif self._error is not None:
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if self._error is not None:
                 raise self._error
-            elif self._complete:
-                return
-            else:
-                self._waiter = self._loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+            if self._complete:
+                return None
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     async def aclose(self) -> None:
         """Close the connection unless the response was read to its end (then it is pooled)."""
@@ -339,4 +344,23 @@ class LeanResponse(DirectResponse):
             self._drop(False)
 
 
-__all__ = ["HIGH_WATER_BYTES", "Conn", "LeanResponse"]
+class LeanBody:
+    """``async for`` over a ``LeanResponse``'s body (a class, not an async generator:
+    mypyc compiles this module, ADR 0021)."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: LeanResponse) -> None:
+        self._response = response
+
+    def __aiter__(self) -> LeanBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._response.next_chunk()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+
+__all__ = ["HIGH_WATER_BYTES", "Conn", "LeanBody", "LeanResponse"]

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from ballast_asgi.core.limit.base import LimitAlgorithm, result_feed
 from ballast_asgi.core.limit.route_floors import OTHER_ROUTE
+from ballast_asgi.core.native import mypyc_attr
 
 #: The partition of the routes without one of their own (``Limiter.own_routes``).
 SHARED = ""
@@ -49,6 +50,7 @@ class Partition:
         self.used = now
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled; ``Limiter`` subclasses it in Python
 class RoutePartitioning:
     """Finding, making and evicting a limiter's route partitions (mixed into ``Limiter``)."""
 

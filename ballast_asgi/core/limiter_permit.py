@@ -2,7 +2,7 @@
 
 ``Limiter.try_acquire`` hands it out with the time, the in-flight count and the
 limit in force at the start; ``release(outcome, now, rtt_s)`` gives it back
-and turns it into a sample (``Limiter._release``). A second release is a
+and turns it into a sample (``LimiterCore._release``). A second release is a
 no-op counted in ``Limiter.double_releases``: raising from a ``finally`` block
 would mask the request's real error. The limiter is ``limiter.py``.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ballast_asgi.core.outcome import Outcome
 
 if TYPE_CHECKING:
-    from ballast_asgi.core.limiter import Limiter
+    from ballast_asgi.core.limiter_core import LimiterCore
     from ballast_asgi.core.limiter_partitions import Partition
 
 
@@ -33,7 +33,7 @@ class Permit:
 
     def __init__(
         self,
-        limiter: Limiter,
+        limiter: LimiterCore,
         start: float,
         inflight_at_start: int,
         limit_at_start: int = 0,

@@ -38,12 +38,12 @@ except ImportError:  # installed with mypy, which compiles: without it nothing i
 
 #: The modules compiled: the pure cores, the header code and the request's path through
 #: the stages, the lane and the lean client, which every proxied request runs (ADR 0021
-#: says how they were chosen and what a compiled module may not do). ``Limiter`` stays
-#: interpreted: the tests track limiters with weak references, and a compiled object's
-#: deallocation does not clear them. The server protocol and the lean connection
-#: subclass uvicorn's and asyncio's classes; the proxy app and its relay await inside
-#: ``except`` and ``finally`` (which compiled coroutines get wrong, mypyc#1114) and are
-#: off the lane's path anyway.
+#: says how they were chosen and what a compiled module may not do). ``Limiter`` is
+#: ``LimiterCore`` subclassed in Python (``limiter.py``): the tests track limiters with
+#: weak references, which a compiled object's deallocation does not clear. The server
+#: protocol and the lean connection subclass uvicorn's and asyncio's classes; the proxy
+#: app and its relay await inside ``except`` and ``finally`` (which compiled coroutines
+#: get wrong, mypyc#1114) and are off the lane's path anyway.
 MODULES = (
     "ballast_asgi.core.breaker",
     "ballast_asgi.core.breaker_set",
@@ -55,6 +55,8 @@ MODULES = (
     "ballast_asgi.core.head",
     "ballast_asgi.core.limit.gradient",
     "ballast_asgi.core.limit.route_floors",
+    "ballast_asgi.core.limiter_core",
+    "ballast_asgi.core.limiter_partitions",
     "ballast_asgi.core.limiter_permit",
     "ballast_asgi.core.limiter_windows",
     "ballast_asgi.core.loop_lag",

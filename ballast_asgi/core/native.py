@@ -84,6 +84,7 @@ MODULES = (
     "ballast_asgi.proxy.calls",
     "ballast_asgi.gateway.hooks",
     "ballast_asgi.telemetry.loop_lag",
+    "ballast_asgi.telemetry.hot_values",
 )
 #: Which of ``MODULES`` are the request's path rather than pure cores or header code.
 REQUEST_PATH = frozenset(MODULES[MODULES.index("ballast_asgi.proxy.headers") + 1 :])

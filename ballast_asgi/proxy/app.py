@@ -59,6 +59,7 @@ from ballast_asgi.proxy.calls import (
     deadline_timeouts,
     direct_call,
     httpx_request,
+    record_attempt,
     timeouts,
 )
 from ballast_asgi.proxy.client import SharedClient
@@ -84,7 +85,6 @@ from ballast_asgi.proxy.transports import DirectResponse
 from ballast_asgi.proxy.transports.aiohttp_transport import client_timeout
 from ballast_asgi.proxy.transports.lean_wire import LeanResponse
 from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
-from ballast_asgi.telemetry.events import emit
 from ballast_asgi.telemetry.metrics import Metrics
 
 #: The head checks of a proxy without an admission stage: framing only, no size bounds.
@@ -271,7 +271,7 @@ class ProxyApp:
             now = self.clock()
             rtt_s = now - started
             if self.metrics is not None:
-                self.metrics.upstream_latency.observe(rtt_s)
+                self.metrics.observe_upstream_latency(rtt_s)
             outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
             self._record(ctx, upstream, outcome, rtt_s, now)
             try:
@@ -321,14 +321,7 @@ class ProxyApp:
         now: float | None = None,
     ) -> None:
         """Record the attempt's outcome once, before its response head (the proxy/retry seam)."""
-        if ctx is not None:
-            ctx.record(outcome, rtt_s)
-            ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
-        selector = self.selector
-        if type(selector) is not SingleUpstream:  # its reports are no-ops
-            selector.report(upstream, outcome, rtt_s, self.clock() if now is None else now)
-        if outcome is AttemptOutcome.CONNECT_ERROR:  # rate-limited per upstream (events.py)
-            emit("upstream.connect_error", "warning", key=upstream.display, upstream=upstream.display)  # fmt: skip  # noqa: E501
+        record_attempt(self.selector, self.clock, ctx, upstream, outcome, rtt_s, now)
 
 
 def _length_header(length: int) -> tuple[bytes, bytes]:

@@ -19,6 +19,7 @@ import httpx
 from aiohttp import ClientTimeout
 
 from ballast_asgi.config import ProxyConfig
+from ballast_asgi.core.outcome import AttemptOutcome
 from ballast_asgi.core.types import Clock, RawHeaders, Scope
 from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.proxy.headers import raw_target
@@ -30,7 +31,8 @@ from ballast_asgi.proxy.transports.aiohttp_transport import (
 )
 from ballast_asgi.proxy.transports.direct import DirectResponse
 from ballast_asgi.proxy.transports.lean import LeanTransport, lean_limits
-from ballast_asgi.proxy.upstream import Upstream
+from ballast_asgi.proxy.upstream import Selector, SingleUpstream, Upstream
+from ballast_asgi.telemetry.events import emit
 
 #: httpx's ``timeout`` request extension (plus ``total`` for the aiohttp transport).
 Timeouts = dict[str, Any]
@@ -99,6 +101,26 @@ def direct_call(
     return direct.send_direct(scope["method"], url, text, body, limits)
 
 
+def record_attempt(
+    selector: Selector,
+    clock: Clock,
+    ctx: RequestContext | None,
+    upstream: Upstream,
+    outcome: AttemptOutcome,
+    rtt_s: float | None,
+    now: float | None = None,
+) -> None:
+    """Record an attempt's outcome once, before its response head (the proxy/retry seam):
+    on the request's context, and to the selector (``ProxyApp._record`` and the lane's)."""
+    if ctx is not None:
+        ctx.record(outcome, rtt_s)
+        ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)
+    if type(selector) is not SingleUpstream:  # its reports are no-ops
+        selector.report(upstream, outcome, rtt_s, clock() if now is None else now)
+    if outcome is AttemptOutcome.CONNECT_ERROR:  # rate-limited per upstream (events.py)
+        emit("upstream.connect_error", "warning", key=upstream.display, upstream=upstream.display)
+
+
 def httpx_request(
     scope: Scope,
     upstream: Upstream,
@@ -122,5 +144,5 @@ def httpx_request(
 
 __all__ = [
     *("Response", "Timeouts", "deadline_timeouts", "direct_call", "httpx_request"),
-    "timeouts",
+    *("record_attempt", "timeouts"),
 ]

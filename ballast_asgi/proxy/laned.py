@@ -35,7 +35,7 @@ from ballast_asgi.core.types import RawHeaders, Scope
 from ballast_asgi.middleware.context import RequestContext
 from ballast_asgi.proxy.app import ProxyApp, _length_header
 from ballast_asgi.proxy.body import UNTIMED_BYTES
-from ballast_asgi.proxy.calls import deadline_timeouts
+from ballast_asgi.proxy.calls import deadline_timeouts, record_attempt
 from ballast_asgi.proxy.headers import (
     DEADLINE,
     BadResponseHead,
@@ -140,8 +140,8 @@ class LanedProxy:
         app = self.app
         rtt_s = head_at - started
         if app.metrics is not None:
-            app.metrics.upstream_latency.observe(rtt_s)
-        app._record(ctx, upstream, outcome, rtt_s, head_at)
+            app.metrics.observe_upstream_latency(rtt_s)
+        record_attempt(app.selector, app.clock, ctx, upstream, outcome, rtt_s, head_at)
         if location and not app.config.preserve_host:
             headers = rewrite_locations(headers, upstream, scope, ctx.head.host)
         body = response.arrived(length)

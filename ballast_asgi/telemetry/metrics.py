@@ -19,6 +19,7 @@ from prometheus_client.exposition import generate_latest
 
 from ballast_asgi.core.outcome import ShedReason
 from ballast_asgi.core.priority import ALL_PRIORITIES, Priority
+from ballast_asgi.telemetry.hot_values import make_hot, observer
 
 #: Latency buckets in seconds, 1 ms .. 30 s.
 LATENCY_BUCKETS = (
@@ -142,6 +143,9 @@ class Metrics:
             for p in ALL_PRIORITIES
         }
         self._requests = {p: self.requests.labels(p.label) for p in ALL_PRIORITIES}
+        # Compiled, the values the request path adds to take no lock (``hot_values.py``).
+        for child in (*self._shed.values(), *self._dry.values(), *self._requests.values()):
+            make_hot(child)
         # The two counters every shed increments (issue 31): their value's own ``inc``,
         # bound once (``Counter.inc`` adds an observability check and a sign check per call).
         self._shed_inc = {k: _adder(c) for k, c in self._shed.items()}
@@ -154,8 +158,12 @@ class Metrics:
             self._shed_inc
         )
         self._queued = {o: self.queued.labels(o) for o in QUEUE_OUTCOMES}
-        self._queue_wait = {p: self.queue_wait.labels(p.label) for p in ALL_PRIORITIES}
+        self._queue_wait = {p: observer(self.queue_wait.labels(p.label)) for p in ALL_PRIORITIES}
         self._retries = {r_: self.retries.labels(r_) for r_ in RETRY_RESULTS}
+        for child in (*self._queued.values(), *self._retries.values()):
+            make_hot(child)
+        #: ``upstream_latency.observe``, compiled without a lock (``hot_values.py``).
+        self.observe_upstream_latency = observer(self.upstream_latency)
         self.priority_ignored.inc(0)
 
     # -- hot path -----------------------------------------------------------
@@ -177,7 +185,7 @@ class Metrics:
 
     def observe_queue_wait(self, priority: Priority, seconds: float) -> None:
         """Record how long a request waited in the queue."""
-        self._queue_wait[priority].observe(seconds)
+        self._queue_wait[priority](seconds)
 
     def count_retry(self, result: str) -> None:
         """Count a retry attempted, succeeded, or denied."""

@@ -70,7 +70,8 @@ def test_every_compiled_module_exists_and_is_a_core_the_headers_or_the_request_p
         ), name
     path = ("ballast_asgi.middleware.", "ballast_asgi.proxy.", "ballast_asgi.gateway.lane",
             "ballast_asgi.gateway.hooks", "ballast_asgi.server.cycle",
-            "ballast_asgi.telemetry.loop_lag", "ballast_asgi.core.")  # fmt: skip
+            "ballast_asgi.telemetry.loop_lag", "ballast_asgi.telemetry.hot_values",
+            "ballast_asgi.core.")  # fmt: skip
     assert native.REQUEST_PATH.issubset(native.MODULES)
     assert all(name.startswith(path) for name in native.REQUEST_PATH)
 

@@ -273,7 +273,7 @@ class ProxyApp:
             if self.metrics is not None:
                 self.metrics.observe_upstream_latency(rtt_s)
             outcome = status_outcome(status) if ctx is None else ctx.status_outcome(status)
-            self._record(ctx, upstream, outcome, rtt_s, now)
+            record_attempt(self.selector, self.clock, ctx, upstream, outcome, rtt_s, now)
             try:
                 await self._relay.respond(selector, response, relayed, upstream, scope, receive,
                                           send, ctx, source, host)  # fmt: skip
@@ -309,19 +309,8 @@ class ProxyApp:
             await self._relay.refuse(send, ctx, 400, MISMATCH)
             return
         kind = failure_kind(exc, None if ctx is None else ctx.deadline, self.clock)
-        self._record(ctx, upstream, OUTCOMES[kind], None)
+        record_attempt(self.selector, self.clock, ctx, upstream, OUTCOMES[kind], None)
         await self._relay.failure(send, kind)
-
-    def _record(
-        self,
-        ctx: RequestContext | None,
-        upstream: Upstream,
-        outcome: AttemptOutcome,
-        rtt_s: float | None,
-        now: float | None = None,
-    ) -> None:
-        """Record the attempt's outcome once, before its response head (the proxy/retry seam)."""
-        record_attempt(self.selector, self.clock, ctx, upstream, outcome, rtt_s, now)
 
 
 def _length_header(length: int) -> tuple[bytes, bytes]:

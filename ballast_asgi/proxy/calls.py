@@ -111,7 +111,7 @@ def record_attempt(
     now: float | None = None,
 ) -> None:
     """Record an attempt's outcome once, before its response head (the proxy/retry seam):
-    on the request's context, and to the selector (``ProxyApp._record`` and the lane's)."""
+    on the request's context, and to the selector (the proxy's and the lane's)."""
     if ctx is not None:
         ctx.record(outcome, rtt_s)
         ctx.tried_upstreams = (*ctx.tried_upstreams, upstream)

@@ -127,4 +127,4 @@ experiment-anchors: $(STAMP) system-deps
 	$(PY) -m experiments.anchors $(ANCHORS_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache ballast_asgi/.native
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache ballast_asgi/.native ballast_asgi/.native.lock

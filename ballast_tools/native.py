@@ -7,20 +7,39 @@ Needs mypy (a dev dependency: mypyc ships with it), setuptools and a C
 compiler; without them it says so and exits 1, and the package keeps importing
 its sources. ``--if-stale`` builds only when the build is missing or not current
 (``make native``); ``--clean`` removes the builds; ``BALLAST_NATIVE=0`` skips.
+Two builds of one checkout at once (``make`` in two shells) take turns on
+``ballast_asgi/.native.lock``: the second waits, then finds the build current.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ballast_asgi.core import native
+
+#: Held while a build runs and is put in place (``flock``: released if the process dies).
+LOCK = native.PACKAGE / ".native.lock"
+
+
+@contextmanager
+def one_build_at_a_time() -> Iterator[None]:
+    """Wait for any other build of this checkout, then hold the lock until the block ends."""
+    with LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def build() -> Path:
@@ -70,15 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.if_stale and native.stale() is None:
         return 0  # current: nothing to do
     started = time.monotonic()
-    try:
-        out = build()
-    except Exception as exc:  # no compiler, no headers, no mypy: the sources stay in use
-        print(f"ballast native: not compiled ({type(exc).__name__}: {exc}); the sources are "
-              "used, which is the same code, slower", file=sys.stderr)  # fmt: skip
-        return 1
-    shutil.rmtree(native.DIR, ignore_errors=True)
-    shutil.move(str(out), native.DIR)
-    shutil.rmtree(out.parent, ignore_errors=True)
+    with one_build_at_a_time():
+        if args.if_stale and native.stale() is None:
+            return 0  # built by the build this one waited for
+        try:
+            out = build()
+        except Exception as exc:  # no compiler, no headers, no mypy: the sources stay in use
+            print(f"ballast native: not compiled ({type(exc).__name__}: {exc}); the sources "
+                  "are used, which is the same code, slower", file=sys.stderr)  # fmt: skip
+            return 1
+        shutil.rmtree(native.DIR, ignore_errors=True)
+        shutil.move(str(out), native.DIR)
+        shutil.rmtree(out.parent, ignore_errors=True)
     print(f"ballast native: {len(native.MODULES)} modules compiled into {native.DIR} "
           f"in {time.monotonic() - started:.0f} s")  # fmt: skip
     return 0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ballast_asgi.core import native
 
@@ -138,3 +141,38 @@ def test_no_compiled_coroutine_awaits_while_handling_an_exception() -> None:
                     if isinstance(sub, ast.Await | ast.AsyncFor | ast.AsyncWith):
                         found.append(f"{name}:{sub.lineno}")
     assert not found
+
+
+def test_a_build_holds_the_lock_and_a_waiting_one_finds_it_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builds of one checkout take turns: the lock is held while a build runs and is
+    put in place, and a build that waited for it checks again before compiling."""
+    from ballast_tools import native as tool
+
+    monkeypatch.setattr(tool, "LOCK", tmp_path / "lock")
+    monkeypatch.setattr(native, "DIR", tmp_path / "native")
+    held: list[bool] = []
+
+    def fake_build() -> Path:
+        with (tmp_path / "lock").open("a") as other:  # another open file: another build
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+        out = tmp_path / "work" / "out"
+        out.mkdir(parents=True)
+        return out
+
+    monkeypatch.setattr(tool, "build", fake_build)
+    assert tool.main([]) == 0
+    assert held == [True] and (tmp_path / "native").is_dir()
+
+    answers = iter(["not built", None])  # stale before the lock; current once it is taken
+    monkeypatch.setattr(native, "stale", lambda *_: next(answers))
+
+    def no_build() -> Path:
+        raise AssertionError("compiled again after the build it waited for")
+
+    monkeypatch.setattr(tool, "build", no_build)
+    assert tool.main(["--if-stale"]) == 0

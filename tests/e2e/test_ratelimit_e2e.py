@@ -222,9 +222,12 @@ def test_ballast_workers_share_one_limit_through_redis(
     assert set(codes) == {200, 429}, codes
     if mode == "redis":  # every decision in Redis: exactly the burst
         assert codes.count(200) == 10, codes
-    else:  # never over the burst; a worker may hold a token it is not asked to spend,
-        # and the other refuses until that lease lapses (lease granularity, docs/ratelimit.md)
-        assert 8 <= codes.count(200) <= 10, codes
+    else:  # never over the burst (exact). Under it by lease granularity: a worker may hold
+        # tokens it is not asked to spend, given back only after ``lease.ttl_ms``, while the
+        # other refuses locally until a quarter lease refills (docs/ratelimit.md). How many
+        # of the 30 quick requests land before that is timing: 8-10 on a quiet machine, 7
+        # once in a fresh-clone run (stop 40), so the lower bound is most of the burst.
+        assert 6 <= codes.count(200) <= 10, codes
     assert [w["live_gateways"] for w in workers] == [2, 2]
     assert all(n > 0 for n in served), served  # both workers decided some of them
     assert all(w["decisions"].get("allowed/degraded", 0) == 0 for w in workers)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client.values import MutexValue
+
 from ballast_asgi.core import native
 
 
@@ -51,14 +53,10 @@ class HistogramObserver:
     """``histogram.observe(amount)`` into its values (made ``HotValue``s), no exemplar."""
 
     def __init__(self, histogram: Any) -> None:
-        self._sum: HotValue = _hot(histogram, "_sum")
+        self._sum = histogram._sum = _as_hot(histogram._sum)
         self._bounds: list[float] = [float(b) for b in histogram._upper_bounds]
-        buckets = histogram._buckets
-        self._buckets: list[HotValue] = []
-        for i in range(len(buckets)):
-            value = buckets[i] if isinstance(buckets[i], HotValue) else HotValue(buckets[i].get())
-            buckets[i] = value
-            self._buckets.append(value)
+        self._buckets: list[HotValue] = [_as_hot(b) for b in histogram._buckets]
+        histogram._buckets[:] = self._buckets
 
     def __call__(self, amount: float) -> None:
         self._sum.inc(amount)
@@ -69,23 +67,20 @@ class HistogramObserver:
                 return
 
 
-def _hot(owner: Any, name: str) -> HotValue:
-    value = getattr(owner, name)
-    if not isinstance(value, HotValue):
-        value = HotValue(value.get())
-        setattr(owner, name, value)
-    return value
+def _as_hot(value: Any) -> HotValue:
+    """``value`` as a ``HotValue`` holding its number (itself when it is one already)."""
+    return value if isinstance(value, HotValue) else HotValue(value.get())
 
 
 def _swappable(value: object) -> bool:
     """prometheus_client's single-process value (a multiprocess one is left alone)."""
-    return type(value).__name__ == "MutexValue"
+    return isinstance(value, MutexValue)
 
 
 def make_hot(child: Any) -> None:
     """A counter child's value made a ``HotValue`` (when compiled; else left as it is)."""
     if native.active() and _swappable(getattr(child, "_value", None)):
-        _hot(child, "_value")
+        child._value = _as_hot(child._value)
 
 
 def observer(histogram: Any) -> Callable[[float], None]:
